@@ -1,0 +1,1 @@
+# Deployment: container image, Kubernetes manifests, systemd units.
