@@ -1,0 +1,467 @@
+/* Connections: socket input and output on the shard's loop, back-pressure,
+ * and the lifetime of a client from accept to free. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "internal.h"
+
+#define RBUF_SIZE        (64 * 1024)
+/* A payload remainder at least this big is read straight into its buffer
+ * (one copy fewer); smaller ones go through rbuf, so many small writes
+ * arrive in one read() instead of one read() each. */
+#define DIRECT_THRESHOLD (32 * 1024)
+#define READS_PER_EVENT  16           /* fairness among a shard's clients */
+#define SEND_IOV_MAX     64
+
+static atomic_ullong next_conn_id = 1;
+
+static void conn_on_read (evutil_socket_t fd, short what, void *arg);
+static void conn_on_write (evutil_socket_t fd, short what, void *arg);
+static bool conn_maybe_free (struct conn *c);
+
+struct conn *
+conn_new (struct shard *s, int fd, const char *peer)
+{
+  struct conn *c = calloc (1, sizeof *c);
+  if (!c)
+    return NULL;
+  c->id = atomic_fetch_add (&next_conn_id, 1);
+  snprintf (c->peer, sizeof c->peer, "%s", peer);
+  c->log.conn_id = c->id;
+  c->log.peer = c->peer;
+  c->shard = s;
+  c->fd = fd;
+  c->rcap = RBUF_SIZE;
+  c->rbuf = malloc (c->rcap);
+  if (!c->rbuf)
+    goto fail;
+
+  int fl = fcntl (fd, F_GETFL);
+  if (fl == -1 || fcntl (fd, F_SETFL, fl | O_NONBLOCK) == -1)
+    goto fail;
+  int one = 1;
+  /* Fails harmlessly on Unix sockets. */
+  setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+
+  c->ev_read = event_new (s->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
+  c->ev_write = event_new (s->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
+  if (!c->ev_read || !c->ev_write)
+    goto fail;
+  plugin_conn_init (&c->pc, fd);
+
+  c->next = s->conns;
+  if (s->conns)
+    s->conns->prev = c;
+  s->conns = c;
+  s->nconns++;
+  return c;
+
+fail:
+  if (c->ev_read)
+    event_free (c->ev_read);
+  if (c->ev_write)
+    event_free (c->ev_write);
+  free (c->rbuf);
+  free (c);
+  return NULL;
+}
+
+void
+conn_start (struct conn *c)
+{
+  log_current = &c->log;
+  log_debug ("new connection");
+  if (plugin_preconnect (cfg.readonly) == -1) {
+    log_error ("plugin refused the connection (preconnect)");
+    conn_close_now (c);
+    return;
+  }
+  handshake_start (c);
+  event_add (c->ev_read, NULL);
+  conn_flush (c);
+}
+
+/* ---- output -------------------------------------------------------- */
+
+int
+conn_out_append (struct conn *c, const void *data, size_t len)
+{
+  if (c->olen + len > c->ocap) {
+    size_t ncap = c->ocap ? c->ocap : 1024;
+    while (ncap < c->olen + len)
+      ncap *= 2;
+    uint8_t *nb = realloc (c->obuf, ncap);
+    if (!nb)
+      return -1;
+    c->obuf = nb;
+    c->ocap = ncap;
+  }
+  memcpy (c->obuf + c->olen, data, len);
+  c->olen += len;
+  return 0;
+}
+
+static void
+request_free (struct conn *c, struct request *r)
+{
+  struct iobuf_pool *pool = c->shard->pool;
+  iobuf_put (pool, r->buf);
+  iobuf_req_put (pool, r);
+  c->inflight--;
+}
+
+static void
+drop_output (struct conn *c)
+{
+  while (c->sendq_head) {
+    struct request *r = c->sendq_head;
+    c->sendq_head = r->next;
+    request_free (c, r);
+  }
+  c->sendq_tail = NULL;
+  c->olen = c->ooff = 0;
+}
+
+/* Gather handshake bytes and as many queued replies as fit into one
+ * sendmsg; repeat until the socket is full or nothing is left. */
+static int
+send_pending (struct conn *c)
+{
+  for (;;) {
+    struct iovec iov[SEND_IOV_MAX];
+    int n = 0;
+    if (c->ooff < c->olen) {
+      iov[n].iov_base = c->obuf + c->ooff;
+      iov[n].iov_len = c->olen - c->ooff;
+      n++;
+    }
+    for (struct request *r = c->sendq_head; r && n < SEND_IOV_MAX; r = r->next)
+      for (unsigned i = r->iov_sent; i < r->niov && n < SEND_IOV_MAX; i++)
+        iov[n++] = r->iov[i];
+    if (n == 0)
+      return 0;
+
+    struct msghdr msg = { .msg_iov = iov, .msg_iovlen = n };
+    ssize_t sent = sendmsg (c->fd, &msg, MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return 1;
+      if (errno == EINTR)
+        continue;
+      if (errno != EPIPE && errno != ECONNRESET)
+        log_error ("send: %m");
+      return -1;
+    }
+
+    size_t left = sent;
+    if (c->ooff < c->olen) {
+      size_t k = c->olen - c->ooff < left ? c->olen - c->ooff : left;
+      c->ooff += k;
+      left -= k;
+      if (c->ooff == c->olen)
+        c->ooff = c->olen = 0;
+    }
+    while (c->sendq_head && (left > 0 || c->sendq_head->iov_sent == c->sendq_head->niov)) {
+      struct request *r = c->sendq_head;
+      while (r->iov_sent < r->niov && left > 0) {
+        struct iovec *v = &r->iov[r->iov_sent];
+        if (left >= v->iov_len) {
+          left -= v->iov_len;
+          r->iov_sent++;
+        }
+        else {
+          v->iov_base = (char *) v->iov_base + left;
+          v->iov_len -= left;
+          left = 0;
+        }
+      }
+      if (r->iov_sent < r->niov)
+        break;
+      c->sendq_head = r->next;
+      if (!c->sendq_head)
+        c->sendq_tail = NULL;
+      request_free (c, r);
+    }
+  }
+}
+
+/* Send what can be sent; watch for writability if the socket is full;
+ * resume reading if back-pressure eased; free the connection when done. */
+void
+conn_flush (struct conn *c)
+{
+  if (c->fd >= 0) {
+    int r = send_pending (c);
+    if (r == -1) {
+      conn_close_now (c);
+      return;
+    }
+    if (r == 1)
+      event_add (c->ev_write, NULL);
+    else
+      event_del (c->ev_write);
+  }
+  if (conn_maybe_free (c))
+    return;
+  if (c->read_paused && !c->waiting_buffers && c->phase == CONN_TRANSMISSION
+      && c->inflight < cfg.max_inflight)
+    conn_resume_reading (c);
+}
+
+static void
+conn_on_write (evutil_socket_t fd, short what, void *arg)
+{
+  struct conn *c = arg;
+  struct shard *s = c->shard;
+  log_current = &c->log;
+  conn_flush (c);
+  shard_wake_waiters (s);
+  log_current = NULL;
+}
+
+/* A finished request, reply already built: queue it behind the others. */
+void
+conn_on_complete (struct request *r)
+{
+  struct conn *c = r->conn;
+
+  if (c->fd < 0) {                  /* client gone: nobody to answer */
+    request_free (c, r);
+    conn_maybe_free (c);
+    return;
+  }
+  r->next = NULL;
+  if (c->sendq_tail)
+    c->sendq_tail->next = r;
+  else
+    c->sendq_head = r;
+  c->sendq_tail = r;
+  shard_mark_flush (c->shard, c);
+}
+
+/* ---- input --------------------------------------------------------- */
+
+static int
+process_input (struct conn *c)
+{
+  while (c->phase == CONN_HS_CLIENT_FLAGS || c->phase == CONN_HS_OPTIONS) {
+    enum conn_phase before = c->phase;
+    size_t avail = c->rlen - c->roff;
+    if (handshake_consume (c) == -1)
+      return -1;
+    if (c->phase == before && c->rlen - c->roff == avail)
+      return 0;                     /* needs more bytes */
+  }
+  if (c->phase == CONN_TRANSMISSION)
+    return protocol_consume (c);
+  return 0;
+}
+
+static void
+pause_reading (struct conn *c)
+{
+  if (!c->read_paused) {
+    event_del (c->ev_read);
+    c->read_paused = true;
+  }
+}
+
+/* Read once into the right place: straight into a big write payload's
+ * buffer, else into rbuf.  Returns bytes read, 0 at EOF, -1 on error,
+ * -2 when the socket has nothing. */
+static ssize_t
+read_some (struct conn *c)
+{
+  ssize_t n;
+  struct request *r = c->recv_req;
+
+  if (r && r->count - c->recv_have >= DIRECT_THRESHOLD && c->roff == c->rlen) {
+    n = read (c->fd, (char *) r->buf->data + c->recv_have, r->count - c->recv_have);
+    if (n > 0)
+      c->recv_have += n;
+  }
+  else {
+    /* Keep room for the largest unit we parse whole (an option), so a
+     * header or option never straddles the end of rbuf. */
+    if (c->roff == c->rlen)
+      c->roff = c->rlen = 0;
+    else if (c->roff > 0 && c->rcap - c->rlen < c->rcap / 2) {
+      memmove (c->rbuf, c->rbuf + c->roff, c->rlen - c->roff);
+      c->rlen -= c->roff;
+      c->roff = 0;
+    }
+    if (c->rlen == c->rcap)
+      return -3;                    /* full: the parser is waiting on us */
+    n = read (c->fd, c->rbuf + c->rlen, c->rcap - c->rlen);
+    if (n > 0)
+      c->rlen += n;
+  }
+  if (n < 0)
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? -2 : -1;
+  return n;
+}
+
+/* Input handling shared by the read event and resumption after a pause. */
+static void
+conn_pump (struct conn *c, bool do_read)
+{
+  for (int i = 0; i < READS_PER_EVENT; i++) {
+    if (do_read) {
+      ssize_t n = read_some (c);
+      if (n == 0) {
+        log_debug ("client closed the connection");
+        conn_close_now (c);
+        return;
+      }
+      if (n == -1) {
+        if (errno != ECONNRESET)
+          log_error ("read: %m");
+        conn_close_now (c);
+        return;
+      }
+      if (n == -2 || n == -3)
+        break;
+    }
+    do_read = true;
+    if (process_input (c) == -1) {
+      conn_close_now (c);
+      return;
+    }
+    if (c->phase == CONN_CLOSING || c->want_close) {
+      pause_reading (c);
+      break;
+    }
+    if (c->stalled_req || c->inflight >= cfg.max_inflight) {
+      pause_reading (c);
+      break;
+    }
+  }
+  conn_flush (c);
+}
+
+static void
+conn_on_read (evutil_socket_t fd, short what, void *arg)
+{
+  struct conn *c = arg;
+  struct shard *s = c->shard;
+  log_current = &c->log;
+  conn_pump (c, true);
+  shard_flush_marked (s);
+  log_current = NULL;
+}
+
+void
+conn_resume_reading (struct conn *c)
+{
+  if (c->fd < 0 || c->want_close || c->phase == CONN_CLOSING)
+    return;
+  if (c->read_paused) {
+    c->read_paused = false;
+    event_add (c->ev_read, NULL);
+  }
+  /* Bytes already buffered are not announced by the socket again. */
+  if (c->rlen > c->roff)
+    conn_pump (c, false);
+}
+
+/* ---- shutdown ------------------------------------------------------ */
+
+/* Server shutdown: take no new requests, finish the ones in flight, then
+ * close.  A write whose payload has not fully arrived was never
+ * acknowledged, so it is dropped. */
+void
+conn_shutdown (struct conn *c)
+{
+  log_current = &c->log;
+  c->want_close = true;
+  pause_reading (c);
+  if (c->phase != CONN_TRANSMISSION) {
+    conn_close_now (c);
+    return;
+  }
+  conn_flush (c);
+}
+
+/* Release requests that never reached the plugin. */
+static void
+drop_unstarted (struct conn *c)
+{
+  if (c->recv_req) {
+    request_free (c, c->recv_req);
+    c->recv_req = NULL;
+  }
+  if (c->stalled_req) {
+    request_free (c, c->stalled_req);
+    c->stalled_req = NULL;
+  }
+}
+
+void
+conn_close_now (struct conn *c)
+{
+  if (c->fd >= 0) {
+    event_del (c->ev_read);
+    event_del (c->ev_write);
+    close (c->fd);
+    c->fd = -1;
+    c->pc.ctx.peer_fd = -1;
+  }
+  c->phase = CONN_CLOSING;
+  drop_unstarted (c);
+  drop_output (c);
+  conn_maybe_free (c);
+}
+
+/* Free once nothing refers to the connection any more: no request with a
+ * worker, no reply unsent (or no socket to send it on). */
+static bool
+conn_maybe_free (struct conn *c)
+{
+  bool closing = c->fd < 0 || c->want_close;
+  if (!closing)
+    return false;
+  if (c->fd >= 0 && (c->sendq_head || c->olen > c->ooff))
+    return false;                   /* still sending the last replies */
+  if (c->fd >= 0) {
+    drop_unstarted (c);
+    if (c->inflight > 0)
+      return false;
+    event_del (c->ev_read);
+    event_del (c->ev_write);
+    close (c->fd);
+    c->fd = -1;
+  }
+  if (c->inflight > 0)
+    return false;                   /* workers still hold requests */
+
+  struct shard *s = c->shard;
+  log_debug ("connection closed");
+  plugin_conn_fini (&c->pc);
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    s->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  s->nconns--;
+  event_free (c->ev_read);
+  event_free (c->ev_write);
+  free (c->rbuf);
+  free (c->obuf);
+  free (c->export_name);
+  if (log_current == &c->log)
+    log_current = NULL;
+  shard_conn_gone (s, c);
+  free (c);
+  return true;
+}

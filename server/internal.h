@@ -1,0 +1,286 @@
+/* Declarations shared between the server's files: configuration, shards,
+ * connections, requests, the plugin host, buffers and queues. */
+#ifndef BLKD_INTERNAL_H
+#define BLKD_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+#include <time.h>
+
+#include "log.h"
+#include "nbd-proto.h"
+#include "public.h"
+
+struct event_base;
+struct event;
+
+/* ---- configuration (main.c) ---------------------------------------- */
+
+enum iobuf_mode { IOBUF_POOL, IOBUF_CALLOC };
+enum queue_mode { QUEUE_SPLIT, QUEUE_GLOBAL };
+enum dispatch_mode { DISPATCH_AUTO, DISPATCH_INLINE, DISPATCH_WORKER };
+
+struct blkd_config {
+  const char *ip;                 /* -i; NULL: all addresses */
+  const char *port;               /* -p; NULL: 10809 unless -U/socket activation */
+  const char *unix_path;          /* -U */
+  const char *export_name;        /* -e: the name LIST and --run's $uri use */
+  const char *pidfile;            /* -P */
+  const char *run_cmd;            /* --run */
+  bool foreground;                /* -f */
+  bool readonly;                  /* -r */
+  bool socket_activated;          /* LISTEN_FDS was set for us */
+  int shards;                     /* --shards; default: online CPUs */
+  int workers;                    /* --threads: workers per shard (or global pool / shards) */
+  uint32_t max_request;           /* --max-request: largest READ/WRITE payload */
+  uint32_t max_inflight;          /* per connection before we stop reading */
+  size_t iobuf_mem;               /* --iobuf-mem: pool bound, all shards */
+  enum iobuf_mode iobuf;
+  enum queue_mode queue;
+  enum dispatch_mode dispatch;
+  bool sparse_reads;              /* OFFSET_HOLE chunks in structured reads */
+};
+extern struct blkd_config cfg;
+
+/* Set when the server is shutting down (signal, nbdkit_shutdown, --run end). */
+extern atomic_bool server_stopping;
+void server_request_stop (void);
+
+/* ---- plugin host (plugin.c) ------------------------------------------ */
+
+/* What the plugin says about one opened export, cached at open time. */
+struct plugin_caps {
+  int64_t size;
+  bool can_write, can_flush, is_rotational, can_trim, can_multi_conn;
+  bool can_extents, can_fast_zero;
+  int can_zero;                   /* 0 none, 1 emulate via pwrite, 2 native */
+  int can_fua;                    /* NBDKIT_FUA_NONE/EMULATE/NATIVE */
+  int can_cache;                  /* NBDKIT_CACHE_NONE/EMULATE/NATIVE */
+  uint32_t block_min, block_pref, block_max;  /* 0 0 0: plugin gave none */
+};
+
+/* One connection's view of the plugin: handle, caps, the lock its thread
+ * model asks for, and the context nbdkit_export_name() etc. answer from. */
+struct plugin_conn {
+  void *handle;                   /* NULL until opened */
+  struct plugin_caps caps;
+  pthread_mutex_t request_lock;   /* SERIALIZE_REQUESTS: one call at a time */
+  struct public_conn_ctx ctx;
+};
+
+int plugin_load (const char *name, int argc, char **argv);  /* -1 + message */
+int plugin_dump (const char *name);
+int plugin_after_fork (void);
+void plugin_unload (void);
+const char *plugin_name (void);
+int plugin_thread_model (void);
+bool plugin_inline_safe (void);  /* fast enough to call on the shard thread */
+int plugin_preconnect (bool readonly);
+struct nbdkit_exports *plugin_list_exports (bool readonly, bool is_tls);
+const char *plugin_default_export (bool readonly, bool is_tls);
+
+void plugin_conn_init (struct plugin_conn *pc, int fd);
+void plugin_conn_fini (struct plugin_conn *pc);
+int plugin_open (struct plugin_conn *pc, const char *export_name, bool readonly);
+void plugin_close (struct plugin_conn *pc);
+const char *plugin_export_description (struct plugin_conn *pc);
+
+/* The request path: each returns 0 or a positive errno. */
+int plugin_pread (struct plugin_conn *pc, void *buf, uint32_t count, uint64_t offset);
+int plugin_pwrite (struct plugin_conn *pc, const void *buf, uint32_t count,
+                   uint64_t offset, bool fua);
+int plugin_flush (struct plugin_conn *pc);
+int plugin_trim (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua);
+int plugin_zero (struct plugin_conn *pc, uint32_t count, uint64_t offset,
+                 bool may_trim, bool fua, bool fast);
+int plugin_cache (struct plugin_conn *pc, uint32_t count, uint64_t offset);
+int plugin_extents (struct plugin_conn *pc, uint32_t count, uint64_t offset,
+                    bool req_one, struct nbdkit_extents *e);
+
+/* ---- buffers (iobuf.c) ---------------------------------------------- */
+
+struct iobuf {
+  struct iobuf *next;             /* free list link */
+  void *data;                     /* page aligned */
+  uint32_t cap;                   /* bytes usable at data */
+  uint8_t cls;                    /* size class index */
+};
+struct iobuf_pool;
+
+struct iobuf_pool *iobuf_pool_new (size_t limit_bytes);
+void iobuf_pool_free (struct iobuf_pool *p);
+/* NULL (errno ENOBUFS) when the pool's bound is reached: the caller waits. */
+struct iobuf *iobuf_get (struct iobuf_pool *p, size_t size);
+void iobuf_put (struct iobuf_pool *p, struct iobuf *b);
+struct request *iobuf_req_get (struct iobuf_pool *p);
+void iobuf_req_put (struct iobuf_pool *p, struct request *r);
+size_t iobuf_pool_bytes (const struct iobuf_pool *p);
+
+/* ---- requests (protocol.c) ------------------------------------------ */
+
+#define REQ_MAX_CHUNKS 16         /* sparse read: data/hole chunks at most */
+
+/* One request from header to reply.  Large (the reply headers live here)
+ * and recycled by the pool without a memset: request_reset() sets exactly
+ * the fields every request reads before it writes them. */
+struct request {
+  struct request *next;           /* send queue / work queue / free list */
+  struct conn *conn;
+  uint64_t cookie, offset;
+  uint32_t count;
+  uint16_t flags, type;
+  int error;                      /* errno result, 0 on success */
+  struct iobuf *buf;              /* READ data / WRITE payload / BS descriptors */
+  uint64_t t_queued;              /* ns: when parsed (delay accounting) */
+  /* Reply: iovecs into hdr[] and buf, written by the shard thread. */
+  unsigned niov, iov_sent;
+  struct iovec iov[2 * REQ_MAX_CHUNKS + 2];
+  uint8_t hdr[REQ_MAX_CHUNKS * 40 + 64];
+};
+
+void request_reset (struct request *r);
+/* Validate a parsed header; 0 or the errno to answer with. */
+int protocol_validate (struct conn *c, const struct request *r);
+/* Run the plugin call for r (shard thread or worker). */
+void protocol_execute (struct request *r);
+/* Build r's reply iovecs from its result (shard thread). */
+void protocol_build_reply (struct request *r);
+uint32_t protocol_nbd_error (int err, const struct request *r);
+
+/* ---- connections (conn.c) ------------------------------------------- */
+
+enum conn_phase {
+  CONN_HS_CLIENT_FLAGS,           /* waiting for the client's 4 flag bytes */
+  CONN_HS_OPTIONS,                /* option haggling */
+  CONN_TRANSMISSION,
+  CONN_CLOSING,                   /* no more input; drain and free */
+};
+
+struct conn {
+  uint64_t id;
+  char peer[64];
+  struct log_ctx log;
+  struct shard *shard;
+  struct conn *next, *prev;       /* shard's list */
+  int fd;
+  struct event *ev_read, *ev_write;
+  enum conn_phase phase;
+  bool no_zeroes, structured, meta_base_allocation, want_close;
+  bool read_paused;               /* back-pressure: not watching the socket */
+  bool waiting_buffers;           /* on the shard's list of pool waiters */
+  char *export_name;
+
+  /* Input: bytes read but not yet consumed. */
+  uint8_t *rbuf;
+  size_t rlen, roff, rcap;
+  /* A WRITE whose payload is still arriving, or a payload being discarded. */
+  struct request *recv_req;
+  uint32_t recv_have;
+  uint64_t discard_left;
+  struct request *stalled_req;    /* parsed, waiting for a pool buffer */
+  uint32_t skip_option_reply;     /* option too big: answer when skipped */
+  uint32_t skip_option;
+
+  /* Output: handshake bytes, then replies in completion order. */
+  uint8_t *obuf;
+  size_t olen, ooff, ocap;
+  struct request *sendq_head, *sendq_tail;
+
+  unsigned inflight;              /* parsed, not yet freed */
+  struct conn *flush_next;        /* shard's list of conns with new replies */
+  bool flush_pending;
+  struct conn *wait_next;         /* shard's list of conns waiting for buffers */
+  struct plugin_conn pc;
+};
+
+struct conn *conn_new (struct shard *s, int fd, const char *peer);
+void conn_start (struct conn *c);
+void conn_on_complete (struct request *r);       /* shard thread */
+void conn_flush (struct conn *c);
+void conn_shutdown (struct conn *c);             /* drain, then close */
+void conn_resume_reading (struct conn *c);
+int conn_out_append (struct conn *c, const void *data, size_t len);
+void conn_close_now (struct conn *c);
+
+/* ---- handshake (handshake.c) ----------------------------------------- */
+
+void handshake_start (struct conn *c);
+/* Consume handshake bytes from c->rbuf; 0 to continue, -1 to close. */
+int handshake_consume (struct conn *c);
+
+/* ---- transmission input (protocol.c) --------------------------------- */
+/* Consume requests from c->rbuf; 0 to continue, -1 to close. */
+int protocol_consume (struct conn *c);
+/* Retry a request that waited for a buffer; true if it went through. */
+bool protocol_retry_stalled (struct conn *c);
+
+/* ---- shards (shard.c) ------------------------------------------------ */
+
+struct shard {
+  int index;
+  pthread_t thread;
+  struct event_base *base;
+  int notify_fd;                  /* eventfd: handoffs and completions */
+  struct event *ev_notify;
+  pthread_mutex_t lock;           /* guards the two lists below */
+  int *new_fds; char (*new_peers)[64]; size_t n_new, cap_new;
+  struct request *done_head, *done_tail;  /* completed by workers */
+  struct conn *conns;             /* shard thread only */
+  unsigned nconns;
+  atomic_uint nconns_shared;      /* for the acceptor's balancing */
+  struct iobuf_pool *pool;
+  struct conn *waiters;           /* conns waiting for pool buffers */
+  struct conn *flush_list;        /* conns with replies queued this round */
+  struct event *ev_drain_timeout;
+  struct queue *queue;            /* this shard's work queue (split mode) */
+  bool draining;
+};
+
+extern struct shard *shards;
+extern int nshards;
+
+int shard_start_all (void);
+void shard_stop_all (void);      /* drain connections, join threads */
+void shard_handoff (int fd, const char *peer);
+void shard_complete (struct request *r);          /* worker → shard */
+void shard_dispatch (struct request *r);          /* inline or to workers */
+void shard_wake_waiters (struct shard *s);
+void shard_wait_buffers (struct shard *s, struct conn *c);
+void shard_mark_flush (struct shard *s, struct conn *c);
+void shard_flush_marked (struct shard *s);
+void shard_conn_gone (struct shard *s, struct conn *c);
+unsigned shard_total_conns (void);
+
+/* ---- work queues (queue.c) ------------------------------------------- */
+
+struct queue;
+struct queue *queue_new (int nworkers, const char *name);
+void queue_push (struct queue *q, struct request *r);
+void queue_stop (struct queue *q);               /* join workers, free */
+
+/* ---- listeners (listen.c) -------------------------------------------- */
+
+int listen_setup (void);                          /* -1 + message */
+int listen_start (struct event_base *main_base);
+void listen_stop (void);
+void listen_cleanup (void);                       /* unlink Unix socket */
+/* For --run: the URI and parts clients use to reach us. */
+const char *listen_uri (void);
+const char *listen_port (void);
+const char *listen_unix_path (void);
+
+/* ---- misc ----------------------------------------------------------- */
+
+static inline uint64_t
+now_ns (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000000000u + ts.tv_nsec;
+}
+
+#endif

@@ -1,0 +1,163 @@
+/* Raw-I/O buffers (seed 000): a per-shard pool of request descriptors and
+ * page-aligned data buffers, recycled without a blind memset. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Size classes are powers of two from 4 KiB: one page is the smallest
+ * O_DIRECT-friendly unit, and doubling wastes at most half a buffer. */
+#define IOBUF_MIN_SHIFT 12
+#define IOBUF_CLASSES   20            /* 4 KiB .. 2 GiB */
+
+struct iobuf_pool {
+  struct iobuf *free[IOBUF_CLASSES];  /* cached buffers, by class */
+  struct request *free_reqs;
+  size_t limit;                       /* bound on bytes of data buffers */
+  size_t bytes;                       /* allocated: in use + cached */
+};
+
+struct iobuf_pool *
+iobuf_pool_new (size_t limit_bytes)
+{
+  struct iobuf_pool *p = calloc (1, sizeof *p);
+  if (!p)
+    return NULL;
+  p->limit = limit_bytes;
+  return p;
+}
+
+static void
+buf_destroy (struct iobuf_pool *p, struct iobuf *b)
+{
+  p->bytes -= b->cap;
+  free (b->data);
+  free (b);
+}
+
+void
+iobuf_pool_free (struct iobuf_pool *p)
+{
+  if (!p)
+    return;
+  for (int i = 0; i < IOBUF_CLASSES; i++)
+    while (p->free[i]) {
+      struct iobuf *b = p->free[i];
+      p->free[i] = b->next;
+      buf_destroy (p, b);
+    }
+  while (p->free_reqs) {
+    struct request *r = p->free_reqs;
+    p->free_reqs = r->next;
+    free (r);
+  }
+  free (p);
+}
+
+size_t
+iobuf_pool_bytes (const struct iobuf_pool *p)
+{
+  return p->bytes;
+}
+
+static int
+size_class (size_t size)
+{
+  int c = 0;
+  while (((size_t) 1 << (IOBUF_MIN_SHIFT + c)) < size)
+    c++;
+  return c;
+}
+
+/* Give back cached buffers, biggest first, until `need` more bytes fit. */
+static bool
+make_room (struct iobuf_pool *p, size_t need)
+{
+  for (int i = IOBUF_CLASSES - 1; i >= 0 && p->bytes + need > p->limit; i--)
+    while (p->free[i] && p->bytes + need > p->limit) {
+      struct iobuf *b = p->free[i];
+      p->free[i] = b->next;
+      buf_destroy (p, b);
+    }
+  return p->bytes + need <= p->limit;
+}
+
+struct iobuf *
+iobuf_get (struct iobuf_pool *p, size_t size)
+{
+  int c = size_class (size ? size : 1);
+  if (c >= IOBUF_CLASSES) {
+    errno = EINVAL;
+    return NULL;
+  }
+  size_t cap = (size_t) 1 << (IOBUF_MIN_SHIFT + c);
+
+  if (cfg.iobuf == IOBUF_POOL && p->free[c]) {
+    /* The point of the pool: no memset.  The bytes are stale and every
+     * reader of this buffer fills what it sends (see protocol.c). */
+    struct iobuf *b = p->free[c];
+    p->free[c] = b->next;
+    return b;
+  }
+  if (!make_room (p, cap)) {
+    errno = ENOBUFS;
+    return NULL;
+  }
+  struct iobuf *b = malloc (sizeof *b);
+  if (!b)
+    return NULL;
+  if (posix_memalign (&b->data, 4096, cap) != 0) {
+    free (b);
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (cfg.iobuf == IOBUF_CALLOC)
+    memset (b->data, 0, cap);       /* the "before": zero every request */
+  b->cap = cap;
+  b->cls = c;
+  p->bytes += cap;
+  return b;
+}
+
+void
+iobuf_put (struct iobuf_pool *p, struct iobuf *b)
+{
+  if (!b)
+    return;
+  if (cfg.iobuf == IOBUF_CALLOC) {
+    buf_destroy (p, b);
+    return;
+  }
+  b->next = p->free[b->cls];
+  p->free[b->cls] = b;
+}
+
+struct request *
+iobuf_req_get (struct iobuf_pool *p)
+{
+  struct request *r;
+
+  if (cfg.iobuf == IOBUF_CALLOC)
+    r = calloc (1, sizeof *r);      /* blind zeroing of ~1 KiB, each time */
+  else if (p->free_reqs) {
+    r = p->free_reqs;
+    p->free_reqs = r->next;
+  }
+  else
+    r = malloc (sizeof *r);
+  if (r)
+    request_reset (r);
+  return r;
+}
+
+void
+iobuf_req_put (struct iobuf_pool *p, struct request *r)
+{
+  if (cfg.iobuf == IOBUF_CALLOC) {
+    free (r);
+    return;
+  }
+  r->next = p->free_reqs;
+  p->free_reqs = r;
+}

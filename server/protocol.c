@@ -1,0 +1,564 @@
+/* Transmission phase: parse and validate requests, run them against the
+ * plugin, build simple or structured replies, and map errno to NBD errors. */
+#include <endian.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "internal.h"
+
+/* Below this, a read is not worth an extents query to find holes in it. */
+#define SPARSE_READ_MIN   (64 * 1024)
+/* Block status answers fit one small pooled buffer: the spec lets us
+ * describe less than was asked, and the client asks again for the rest. */
+#define BLOCK_STATUS_BUF  (16 * 1024)
+#define BLOCK_STATUS_MAX  ((BLOCK_STATUS_BUF - 4) / 8)
+
+void
+request_reset (struct request *r)
+{
+  /* Exactly the fields read before anything writes them; the kilobyte
+   * of reply space after them is written before it is sent. */
+  r->next = NULL;
+  r->conn = NULL;
+  r->error = 0;
+  r->buf = NULL;
+  r->niov = 0;
+  r->iov_sent = 0;
+}
+
+/* The one place errno becomes an NBD error (nbdkit's mapping). */
+uint32_t
+protocol_nbd_error (int err, const struct request *r)
+{
+  switch (err) {
+  case 0:
+    return 0;
+  case EROFS:
+  case EPERM:
+    return NBD_EPERM;
+  case EIO:
+    return NBD_EIO;
+  case ENOMEM:
+  case ENOBUFS:
+    return NBD_ENOMEM;
+  case EDQUOT:
+  case EFBIG:
+  case ENOSPC:
+    return NBD_ENOSPC;
+  case ESHUTDOWN:
+    return NBD_ESHUTDOWN;
+  case ENOTSUP:
+#if ENOTSUP != EOPNOTSUPP
+  case EOPNOTSUPP:
+#endif
+    return r->flags & NBD_CMD_FLAG_FAST_ZERO ? NBD_ENOTSUP : NBD_EINVAL;
+  case EOVERFLOW:
+    return r->flags & NBD_CMD_FLAG_DF ? NBD_EOVERFLOW : NBD_EINVAL;
+  default:
+    return NBD_EINVAL;
+  }
+}
+
+static const char *
+cmd_name (uint16_t type)
+{
+  static const char *const names[] = { "READ", "WRITE", "DISC", "FLUSH", "TRIM",
+                                        "CACHE", "WRITE_ZEROES", "BLOCK_STATUS" };
+  return type < NBD_CMD_COUNT ? names[type] : "unknown";
+}
+
+/* ---- validation ---------------------------------------------------- */
+
+int
+protocol_validate (struct conn *c, const struct request *r)
+{
+  const struct plugin_caps *k = &c->pc.caps;
+  uint64_t size = (uint64_t) k->size;
+  bool writable = k->can_write && !cfg.readonly;
+  uint16_t allowed = NBD_CMD_FLAG_FUA;
+
+  switch (r->type) {
+  case NBD_CMD_READ:
+    if (c->structured)
+      allowed |= NBD_CMD_FLAG_DF;
+    break;
+  case NBD_CMD_WRITE_ZEROES:
+    allowed |= NBD_CMD_FLAG_NO_HOLE;
+    if (k->can_fast_zero)
+      allowed |= NBD_CMD_FLAG_FAST_ZERO;
+    break;
+  case NBD_CMD_BLOCK_STATUS:
+    allowed |= NBD_CMD_FLAG_REQ_ONE;
+    break;
+  case NBD_CMD_WRITE: case NBD_CMD_DISC: case NBD_CMD_FLUSH:
+  case NBD_CMD_TRIM: case NBD_CMD_CACHE:
+    break;
+  default:
+    log_debug ("unknown command %u", r->type);
+    return EINVAL;
+  }
+  if (r->flags & ~allowed) {
+    log_debug ("%s: flags 0x%x not allowed", cmd_name (r->type), r->flags);
+    return EINVAL;
+  }
+
+  switch (r->type) {
+  case NBD_CMD_DISC:
+    return 0;
+  case NBD_CMD_FLUSH:
+    if (r->offset || r->count)
+      return EINVAL;
+    return k->can_flush ? 0 : EINVAL;
+  case NBD_CMD_WRITE: case NBD_CMD_TRIM: case NBD_CMD_WRITE_ZEROES:
+    if (!writable)
+      return EPERM;
+    if (r->type == NBD_CMD_TRIM && !k->can_trim)
+      return EINVAL;
+    break;
+  case NBD_CMD_CACHE:
+    if (k->can_cache == NBDKIT_CACHE_NONE)
+      return EINVAL;
+    break;
+  case NBD_CMD_BLOCK_STATUS:
+    if (!c->meta_base_allocation)
+      return EINVAL;
+    break;
+  }
+
+  if (r->count == 0)
+    return EINVAL;
+  if ((r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE) && r->count > cfg.max_request)
+    return EINVAL;
+  if (r->offset > size || r->count > size - r->offset) {
+    log_debug ("%s: offset %llu + count %u is past the end (%llu)", cmd_name (r->type),
+               (unsigned long long) r->offset, r->count, (unsigned long long) size);
+    return r->type == NBD_CMD_WRITE || r->type == NBD_CMD_WRITE_ZEROES ? ENOSPC : EINVAL;
+  }
+  uint32_t min = k->block_min ? k->block_min : 1;
+  if ((r->offset | r->count) & (min - 1)) {
+    log_debug ("%s: not aligned to the minimum block size %u", cmd_name (r->type), min);
+    return EINVAL;
+  }
+  return 0;
+}
+
+/* ---- replies ------------------------------------------------------- */
+
+static void
+put_simple (struct request *r, uint32_t error)
+{
+  struct nbd_simple_reply h = {
+    .magic = htobe32 (NBD_SIMPLE_REPLY_MAGIC), .error = htobe32 (error),
+    .cookie = r->cookie,            /* opaque: echoed in wire order */
+  };
+  memcpy (r->hdr, &h, sizeof h);
+  r->iov[0] = (struct iovec) { r->hdr, sizeof h };
+  r->niov = 1;
+}
+
+/* Append a structured chunk header (plus `extra` bytes that follow it in
+ * hdr) at byte `at` of hdr; returns where the next header may start. */
+static size_t
+put_chunk (struct request *r, size_t at, uint16_t flags, uint16_t type,
+           uint32_t length, const void *extra, size_t extra_len)
+{
+  struct nbd_structured_reply h = {
+    .magic = htobe32 (NBD_STRUCTURED_REPLY_MAGIC), .flags = htobe16 (flags),
+    .type = htobe16 (type), .cookie = r->cookie, .length = htobe32 (length),
+  };
+  memcpy (r->hdr + at, &h, sizeof h);
+  if (extra_len)
+    memcpy (r->hdr + at + sizeof h, extra, extra_len);
+  r->iov[r->niov++] = (struct iovec) { r->hdr + at, sizeof h + extra_len };
+  return at + sizeof h + extra_len;
+}
+
+static void
+put_error (struct request *r)
+{
+  uint32_t nbd_err = protocol_nbd_error (r->error, r);
+  r->niov = 0;
+  if (r->conn->structured && (r->type == NBD_CMD_READ || r->type == NBD_CMD_BLOCK_STATUS)) {
+    uint8_t e[6];
+    uint32_t be = htobe32 (nbd_err);
+    memcpy (e, &be, 4);
+    memset (e + 4, 0, 2);             /* no message */
+    put_chunk (r, 0, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR, sizeof e, e, sizeof e);
+  }
+  else
+    put_simple (r, nbd_err);
+}
+
+/* A piece of a read reply: data from the buffer, or a hole. */
+struct read_piece {
+  uint64_t offset;
+  uint32_t length;
+  bool hole;
+};
+
+static void
+put_read_reply (struct request *r, const struct read_piece *pc, unsigned n)
+{
+  r->niov = 0;
+  if (!r->conn->structured) {
+    put_simple (r, 0);
+    r->iov[r->niov++] = (struct iovec) { r->buf->data, r->count };
+    return;
+  }
+  size_t at = 0;
+  for (unsigned i = 0; i < n; i++) {
+    uint16_t flags = i == n - 1 ? NBD_REPLY_FLAG_DONE : 0;
+    uint64_t off = htobe64 (pc[i].offset);
+    if (pc[i].hole) {
+      uint8_t e[12];
+      uint32_t len = htobe32 (pc[i].length);
+      memcpy (e, &off, 8);
+      memcpy (e + 8, &len, 4);
+      at = put_chunk (r, at, flags, NBD_REPLY_TYPE_OFFSET_HOLE, sizeof e, e, sizeof e);
+    }
+    else {
+      at = put_chunk (r, at, flags, NBD_REPLY_TYPE_OFFSET_DATA, 8 + pc[i].length, &off, 8);
+      r->iov[r->niov++] = (struct iovec) {
+        (char *) r->buf->data + (pc[i].offset - r->offset), pc[i].length };
+    }
+  }
+}
+
+void
+protocol_build_reply (struct request *r)
+{
+  if (r->error) {
+    put_error (r);
+    return;
+  }
+  switch (r->type) {
+  case NBD_CMD_READ: {
+    struct read_piece whole = { r->offset, r->count, false };
+    put_read_reply (r, &whole, 1);
+    break;
+  }
+  default:
+    put_simple (r, 0);
+  }
+}
+
+/* ---- execution (shard thread or worker) ---------------------------- */
+
+/* Split a structured read into data and hole pieces using the plugin's
+ * extents, so holes go out as 12-byte OFFSET_HOLE chunks instead of
+ * zeros, and the plugin is not asked to read them.  Returns the number of
+ * pieces, or 0 to read the whole range as data. */
+static unsigned
+plan_sparse_read (struct request *r, struct read_piece *pc)
+{
+  struct conn *c = r->conn;
+  uint64_t end = r->offset + r->count;
+  unsigned n = 0;
+
+  struct nbdkit_extents *e = public_extents_new (r->offset, end);
+  if (!e)
+    return 0;
+  if (plugin_extents (&c->pc, r->count, r->offset, false, e) != 0) {
+    public_extents_free (e);
+    return 0;                       /* only an optimisation: read it all */
+  }
+  uint64_t pos = r->offset;
+  for (size_t i = 0; i < e->len && pos < end; i++) {
+    const struct public_extent *x = &e->v[i];
+    uint64_t xend = x->offset + x->length < end ? x->offset + x->length : end;
+    if (xend <= pos)
+      continue;
+    bool hole = x->type & NBDKIT_EXTENT_ZERO;
+    if (n > 0 && pc[n - 1].hole == hole)
+      pc[n - 1].length += xend - pos;
+    else if (n == REQ_MAX_CHUNKS) {
+      /* Out of room: the rest is read as data. */
+      pc[n - 1].hole = false;
+      pc[n - 1].length += end - pos;
+      pos = end;
+      break;
+    }
+    else
+      pc[n++] = (struct read_piece) { pos, xend - pos, hole };
+    pos = xend;
+  }
+  public_extents_free (e);
+  if (pos < end) {                   /* extents stopped short: data */
+    if (n > 0 && !pc[n - 1].hole)
+      pc[n - 1].length += end - pos;
+    else if (n < REQ_MAX_CHUNKS)
+      pc[n++] = (struct read_piece) { pos, end - pos, false };
+    else
+      return 0;
+  }
+  if (n == 1 && !pc[0].hole)
+    return 0;
+  return n;
+}
+
+static int
+do_read (struct request *r)
+{
+  struct conn *c = r->conn;
+  struct read_piece pc[REQ_MAX_CHUNKS];
+  unsigned n = 0;
+
+  if (c->structured && cfg.sparse_reads && !(r->flags & NBD_CMD_FLAG_DF)
+      && c->pc.caps.can_extents && r->count >= SPARSE_READ_MIN)
+    n = plan_sparse_read (r, pc);
+  if (n == 0) {
+    int err = plugin_pread (&c->pc, r->buf->data, r->count, r->offset);
+    if (!err) {
+      struct read_piece whole = { r->offset, r->count, false };
+      put_read_reply (r, &whole, 1);
+    }
+    return err;
+  }
+  for (unsigned i = 0; i < n; i++) {
+    if (pc[i].hole)
+      continue;
+    int err = plugin_pread (&c->pc, (char *) r->buf->data + (pc[i].offset - r->offset),
+                            pc[i].length, pc[i].offset);
+    if (err)
+      return err;
+  }
+  put_read_reply (r, pc, n);
+  return 0;
+}
+
+static int
+do_block_status (struct request *r)
+{
+  struct conn *c = r->conn;
+  bool req_one = r->flags & NBD_CMD_FLAG_REQ_ONE;
+  /* nbdkit's window runs to the end of the disk, not of the request;
+   * plugins are written for that, so do the same and clip afterwards. */
+  struct nbdkit_extents *e = public_extents_new (r->offset, (uint64_t) c->pc.caps.size);
+  if (!e)
+    return ENOMEM;
+  int err = plugin_extents (&c->pc, r->count, r->offset, req_one, e);
+  if (err) {
+    public_extents_free (e);
+    return err;
+  }
+
+  uint8_t *out = r->buf->data;
+  uint32_t id = htobe32 (1), n = 0;
+  uint64_t end = r->offset + r->count, pos = r->offset;
+  memcpy (out, &id, 4);
+  for (size_t i = 0; i < e->len && pos < end && n < BLOCK_STATUS_MAX; i++) {
+    const struct public_extent *x = &e->v[i];
+    uint64_t xend = x->offset + x->length < end ? x->offset + x->length : end;
+    if (xend <= pos)
+      continue;
+    uint32_t d[2] = { htobe32 ((uint32_t) (xend - pos)), htobe32 (x->type & 3) };
+    memcpy (out + 4 + 8 * n, d, 8);
+    n++;
+    pos = xend;
+    if (req_one)
+      break;
+  }
+  public_extents_free (e);
+  if (n == 0)
+    return EINVAL;
+
+  r->niov = 0;
+  size_t len = 4 + 8 * (size_t) n;
+  put_chunk (r, 0, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_BLOCK_STATUS, len, NULL, 0);
+  r->iov[r->niov++] = (struct iovec) { out, len };
+  return 0;
+}
+
+void
+protocol_execute (struct request *r)
+{
+  struct conn *c = r->conn;
+  struct plugin_conn *pc = &c->pc;
+  bool fua = r->flags & NBD_CMD_FLAG_FUA;
+  int err;
+
+  log_current = &c->log;
+  switch (r->type) {
+  case NBD_CMD_READ:
+    err = do_read (r);
+    break;
+  case NBD_CMD_WRITE:
+    err = plugin_pwrite (pc, r->buf->data, r->count, r->offset, fua);
+    break;
+  case NBD_CMD_FLUSH:
+    err = plugin_flush (pc);
+    break;
+  case NBD_CMD_TRIM:
+    err = plugin_trim (pc, r->count, r->offset, fua);
+    break;
+  case NBD_CMD_CACHE:
+    err = plugin_cache (pc, r->count, r->offset);
+    break;
+  case NBD_CMD_WRITE_ZEROES:
+    err = plugin_zero (pc, r->count, r->offset, !(r->flags & NBD_CMD_FLAG_NO_HOLE), fua,
+                       r->flags & NBD_CMD_FLAG_FAST_ZERO);
+    break;
+  case NBD_CMD_BLOCK_STATUS:
+    err = do_block_status (r);
+    break;
+  default:
+    err = EINVAL;
+  }
+  r->error = err;
+  if (err) {
+    if (err != ENOTSUP || !(r->flags & NBD_CMD_FLAG_FAST_ZERO))
+      log_debug ("%s offset %llu count %u failed: %s", cmd_name (r->type),
+                 (unsigned long long) r->offset, r->count, strerror (err));
+    put_error (r);
+  }
+  else if (r->type != NBD_CMD_READ && r->type != NBD_CMD_BLOCK_STATUS)
+    put_simple (r, 0);
+}
+
+/* ---- input --------------------------------------------------------- */
+
+/* Give a request its data buffer; false (and the connection waits) when
+ * the pool is at its bound. */
+static bool
+attach_buffer (struct conn *c, struct request *r)
+{
+  size_t need = 0;
+  if (r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE)
+    need = r->count;
+  else if (r->type == NBD_CMD_BLOCK_STATUS)
+    need = BLOCK_STATUS_BUF;
+  if (!need)
+    return true;
+  r->buf = iobuf_get (c->shard->pool, need);
+  return r->buf != NULL;
+}
+
+/* The request has everything it needs: run it or queue it. */
+static void
+start_request (struct conn *c, struct request *r)
+{
+  if (r->type == NBD_CMD_WRITE) {
+    c->recv_req = r;
+    c->recv_have = 0;
+    return;
+  }
+  shard_dispatch (r);
+}
+
+static void
+fail_request (struct conn *c, struct request *r, int err)
+{
+  r->error = err;
+  put_error (r);
+  conn_on_complete (r);
+}
+
+bool
+protocol_retry_stalled (struct conn *c)
+{
+  struct request *r = c->stalled_req;
+  if (!r)
+    return true;
+  if (!attach_buffer (c, r)) {
+    if (errno == ENOBUFS)
+      return false;
+    c->stalled_req = NULL;
+    if (r->type == NBD_CMD_WRITE)
+      c->discard_left = r->count;
+    fail_request (c, r, ENOMEM);
+    return true;
+  }
+  c->stalled_req = NULL;
+  start_request (c, r);
+  return true;
+}
+
+int
+protocol_consume (struct conn *c)
+{
+  for (;;) {
+    if (c->stalled_req || c->want_close || c->phase != CONN_TRANSMISSION)
+      return 0;
+    uint8_t *in = c->rbuf + c->roff;
+    size_t avail = c->rlen - c->roff;
+
+    if (c->discard_left) {
+      size_t k = avail < c->discard_left ? avail : c->discard_left;
+      c->roff += k;
+      c->discard_left -= k;
+      if (c->discard_left)
+        return 0;
+      continue;
+    }
+    if (c->recv_req) {
+      struct request *r = c->recv_req;
+      size_t k = r->count - c->recv_have;
+      if (k > avail)
+        k = avail;
+      memcpy ((char *) r->buf->data + c->recv_have, in, k);
+      c->recv_have += k;
+      c->roff += k;
+      if (c->recv_have < r->count)
+        return 0;
+      c->recv_req = NULL;
+      shard_dispatch (r);
+      continue;
+    }
+    if (c->inflight >= cfg.max_inflight)
+      return 0;
+    if (avail < sizeof (struct nbd_request))
+      return 0;
+
+    struct nbd_request h;
+    memcpy (&h, in, sizeof h);
+    c->roff += sizeof h;
+    if (be32toh (h.magic) != NBD_REQUEST_MAGIC) {
+      log_error ("bad request magic 0x%08x; closing", be32toh (h.magic));
+      return -1;
+    }
+    struct request *r = iobuf_req_get (c->shard->pool);
+    if (!r) {
+      log_error ("out of memory for a request; closing");
+      return -1;
+    }
+    r->conn = c;
+    r->cookie = h.cookie;
+    r->offset = be64toh (h.offset);
+    r->count = be32toh (h.count);
+    r->flags = be16toh (h.flags);
+    r->type = be16toh (h.type);
+    r->t_queued = now_ns ();
+    c->inflight++;
+
+    if (r->type == NBD_CMD_DISC) {
+      log_debug ("client sent DISC");
+      iobuf_req_put (c->shard->pool, r);
+      c->inflight--;
+      c->want_close = true;
+      return 0;
+    }
+    int err = protocol_validate (c, r);
+    if (err) {
+      if (r->type == NBD_CMD_WRITE)
+        c->discard_left = r->count;  /* keep in step with the stream */
+      fail_request (c, r, err);
+      continue;
+    }
+    if (!attach_buffer (c, r)) {
+      if (errno == ENOBUFS) {
+        c->stalled_req = r;
+        shard_wait_buffers (c->shard, c);
+        return 0;
+      }
+      if (r->type == NBD_CMD_WRITE)
+        c->discard_left = r->count;
+      fail_request (c, r, ENOMEM);
+      continue;
+    }
+    start_request (c, r);
+  }
+}

@@ -1,0 +1,387 @@
+/* Shards: one thread and one libevent base per core; connections are handed
+ * over by the acceptor and stay on their shard for life. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "internal.h"
+
+struct shard *shards;
+int nshards;
+static struct queue *global_queue;     /* --queue=global: one for all */
+static atomic_uint total_conns;        /* handed over and not yet freed */
+static atomic_uint next_shard;
+
+unsigned
+shard_total_conns (void)
+{
+  return atomic_load (&total_conns);
+}
+
+static void
+shard_notify (struct shard *s)
+{
+  uint64_t one = 1;
+  /* eventfd writes only fail when the counter would overflow, which
+   * cannot happen before the shard drains it. */
+  if (write (s->notify_fd, &one, sizeof one) != sizeof one && errno != EAGAIN)
+    log_error ("shard %d: eventfd write: %m", s->index);
+}
+
+/* ---- work placement ------------------------------------------------ */
+
+static bool
+dispatch_inline (void)
+{
+  if (cfg.queue == QUEUE_GLOBAL)
+    return false;                   /* the "before": everything via one queue */
+  if (cfg.dispatch == DISPATCH_INLINE)
+    return true;
+  if (cfg.dispatch == DISPATCH_WORKER)
+    return false;
+  return plugin_inline_safe ();
+}
+
+void
+shard_dispatch (struct request *r)
+{
+  struct shard *s = r->conn->shard;
+
+  if (dispatch_inline ()) {
+    log_current = &r->conn->log;
+    protocol_execute (r);
+    conn_on_complete (r);
+    return;
+  }
+  queue_push (global_queue ? global_queue : s->queue, r);
+}
+
+/* Called by a worker: hand the finished request back to its shard. */
+void
+shard_complete (struct request *r)
+{
+  struct shard *s = r->conn->shard;
+  bool was_empty;
+
+  r->next = NULL;
+  pthread_mutex_lock (&s->lock);
+  was_empty = s->done_head == NULL;
+  if (s->done_tail)
+    s->done_tail->next = r;
+  else
+    s->done_head = r;
+  s->done_tail = r;
+  pthread_mutex_unlock (&s->lock);
+  /* One wake-up per batch: if the list was not empty the shard has been
+   * told already and will take this one with the rest. */
+  if (was_empty)
+    shard_notify (s);
+}
+
+/* ---- replies and waiting ------------------------------------------- */
+
+void
+shard_mark_flush (struct shard *s, struct conn *c)
+{
+  if (c->flush_pending)
+    return;
+  c->flush_pending = true;
+  c->flush_next = s->flush_list;
+  s->flush_list = c;
+}
+
+void
+shard_flush_marked (struct shard *s)
+{
+  while (s->flush_list) {
+    struct conn *c = s->flush_list;
+    s->flush_list = c->flush_next;
+    c->flush_pending = false;
+    conn_flush (c);               /* may free c */
+  }
+}
+
+void
+shard_wait_buffers (struct shard *s, struct conn *c)
+{
+  if (c->waiting_buffers)
+    return;
+  c->waiting_buffers = true;
+  c->wait_next = s->waiters;
+  s->waiters = c;
+}
+
+/* Buffers came back: let waiting connections try again, oldest last is
+ * fine because each waiter needs only its own one buffer to move on. */
+void
+shard_wake_waiters (struct shard *s)
+{
+  struct conn **pp = &s->waiters;
+  while (*pp) {
+    struct conn *c = *pp;
+    if (protocol_retry_stalled (c)) {
+      *pp = c->wait_next;
+      c->waiting_buffers = false;
+      conn_resume_reading (c);
+    }
+    else
+      pp = &c->wait_next;
+  }
+}
+
+void
+shard_conn_gone (struct shard *s, struct conn *c)
+{
+  for (struct conn **pp = &s->waiters; *pp; pp = &(*pp)->wait_next)
+    if (*pp == c) {
+      *pp = c->wait_next;
+      break;
+    }
+  for (struct conn **pp = &s->flush_list; *pp; pp = &(*pp)->flush_next)
+    if (*pp == c) {
+      *pp = c->flush_next;
+      break;
+    }
+  atomic_fetch_sub (&s->nconns_shared, 1);
+  atomic_fetch_sub (&total_conns, 1);
+  if (s->draining && s->nconns == 0)
+    event_base_loopbreak (s->base);
+}
+
+/* ---- hand-over from the acceptor ------------------------------------ */
+
+void
+shard_handoff (int fd, const char *peer)
+{
+  /* Fewest connections wins; round robin breaks ties so a burst of
+   * accepts spreads before any of them is counted. */
+  unsigned start = atomic_fetch_add (&next_shard, 1);
+  struct shard *best = &shards[start % nshards];
+  for (int i = 0; i < nshards; i++) {
+    struct shard *s = &shards[(start + i) % nshards];
+    if (atomic_load (&s->nconns_shared) < atomic_load (&best->nconns_shared))
+      best = s;
+  }
+  atomic_fetch_add (&best->nconns_shared, 1);
+  atomic_fetch_add (&total_conns, 1);
+
+  pthread_mutex_lock (&best->lock);
+  if (best->n_new == best->cap_new) {
+    size_t ncap = best->cap_new ? best->cap_new * 2 : 16;
+    int *nf = realloc (best->new_fds, ncap * sizeof *nf);
+    char (*np)[64] = nf ? realloc (best->new_peers, ncap * sizeof *np) : NULL;
+    if (nf)
+      best->new_fds = nf;
+    if (np)
+      best->new_peers = np;
+    if (!nf || !np) {
+      pthread_mutex_unlock (&best->lock);
+      log_error ("shard %d: out of memory handing over %s", best->index, peer);
+      close (fd);
+      atomic_fetch_sub (&best->nconns_shared, 1);
+      atomic_fetch_sub (&total_conns, 1);
+      return;
+    }
+    best->cap_new = ncap;
+  }
+  best->new_fds[best->n_new] = fd;
+  snprintf (best->new_peers[best->n_new], 64, "%s", peer);
+  best->n_new++;
+  pthread_mutex_unlock (&best->lock);
+  shard_notify (best);
+}
+
+static void
+shard_drain_timeout (evutil_socket_t fd, short what, void *arg)
+{
+  struct shard *s = arg;
+  log_warn ("shard %d: %u connection(s) did not drain in time; closing them",
+            s->index, s->nconns);
+  while (s->conns)
+    conn_close_now (s->conns);
+  event_base_loopbreak (s->base);
+}
+
+static void
+shard_begin_drain (struct shard *s)
+{
+  if (s->draining)
+    return;
+  s->draining = true;
+  if (s->nconns == 0) {
+    event_base_loopbreak (s->base);
+    return;
+  }
+  for (struct conn *c = s->conns, *next; c; c = next) {
+    next = c->next;
+    conn_shutdown (c);
+  }
+  s->ev_drain_timeout = evtimer_new (s->base, shard_drain_timeout, s);
+  struct timeval tv = { .tv_sec = 10 };
+  if (s->ev_drain_timeout)
+    evtimer_add (s->ev_drain_timeout, &tv);
+}
+
+static void
+shard_on_notify (evutil_socket_t fd, short what, void *arg)
+{
+  struct shard *s = arg;
+  uint64_t n;
+  if (read (s->notify_fd, &n, sizeof n) < 0 && errno != EAGAIN)
+    log_error ("shard %d: eventfd read: %m", s->index);
+
+  pthread_mutex_lock (&s->lock);
+  struct request *done = s->done_head;
+  s->done_head = s->done_tail = NULL;
+  size_t n_new = s->n_new;
+  int *fds = NULL;
+  char (*peers)[64] = NULL;
+  if (n_new) {
+    fds = s->new_fds;
+    peers = s->new_peers;
+    s->new_fds = NULL;
+    s->new_peers = NULL;
+    s->n_new = s->cap_new = 0;
+  }
+  pthread_mutex_unlock (&s->lock);
+
+  while (done) {
+    struct request *r = done;
+    done = r->next;
+    conn_on_complete (r);
+  }
+  shard_flush_marked (s);
+  shard_wake_waiters (s);
+
+  for (size_t i = 0; i < n_new; i++) {
+    if (s->draining || atomic_load (&server_stopping)) {
+      close (fds[i]);
+      atomic_fetch_sub (&s->nconns_shared, 1);
+      atomic_fetch_sub (&total_conns, 1);
+      continue;
+    }
+    struct conn *c = conn_new (s, fds[i], peers[i]);
+    if (!c) {
+      log_error ("shard %d: cannot set up connection from %s: %m", s->index, peers[i]);
+      close (fds[i]);
+      atomic_fetch_sub (&s->nconns_shared, 1);
+      atomic_fetch_sub (&total_conns, 1);
+      continue;
+    }
+    conn_start (c);
+  }
+  free (fds);
+  free (peers);
+
+  if (atomic_load (&server_stopping))
+    shard_begin_drain (s);
+}
+
+static void *
+shard_main (void *arg)
+{
+  struct shard *s = arg;
+  char name[16];
+  snprintf (name, sizeof name, "blkd.s%d", s->index);
+  pthread_setname_np (pthread_self (), name);
+  event_base_loop (s->base, EVLOOP_NO_EXIT_ON_EMPTY);
+  return NULL;
+}
+
+int
+shard_start_all (void)
+{
+  bool need_workers = !dispatch_inline ();
+  nshards = cfg.shards;
+  shards = calloc (nshards, sizeof *shards);
+  if (!shards)
+    return -1;
+
+  if (need_workers && cfg.queue == QUEUE_GLOBAL) {
+    global_queue = queue_new (cfg.workers * nshards, "blkd.g");
+    if (!global_queue) {
+      fprintf (stderr, "blkd: cannot start worker threads: %m\n");
+      return -1;
+    }
+  }
+  for (int i = 0; i < nshards; i++) {
+    struct shard *s = &shards[i];
+    s->index = i;
+    pthread_mutex_init (&s->lock, NULL);
+    struct event_config *ec = event_config_new ();
+    if (!ec)
+      return -1;
+    /* The base is touched only by its own thread: no libevent locking. */
+    event_config_set_flag (ec, EVENT_BASE_FLAG_NOLOCK);
+    s->base = event_base_new_with_config (ec);
+    event_config_free (ec);
+    s->notify_fd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
+    s->pool = iobuf_pool_new (cfg.iobuf_mem / nshards);
+    if (!s->base || s->notify_fd < 0 || !s->pool) {
+      fprintf (stderr, "blkd: cannot create shard %d: %m\n", i);
+      return -1;
+    }
+    s->ev_notify = event_new (s->base, s->notify_fd, EV_READ | EV_PERSIST, shard_on_notify, s);
+    if (!s->ev_notify || event_add (s->ev_notify, NULL) == -1)
+      return -1;
+    if (need_workers && cfg.queue == QUEUE_SPLIT) {
+      char qname[24];
+      snprintf (qname, sizeof qname, "blkd.s%d", i);
+      s->queue = queue_new (cfg.workers, qname);
+      if (!s->queue) {
+        fprintf (stderr, "blkd: cannot start worker threads: %m\n");
+        return -1;
+      }
+    }
+  }
+  for (int i = 0; i < nshards; i++) {
+    int err = pthread_create (&shards[i].thread, NULL, shard_main, &shards[i]);
+    if (err) {
+      errno = err;
+      fprintf (stderr, "blkd: cannot start shard thread: %m\n");
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Ask every shard to drain (finish in-flight requests, close), wait for
+ * them, then stop the workers and free everything. */
+void
+shard_stop_all (void)
+{
+  if (!shards)
+    return;
+  for (int i = 0; i < nshards; i++)
+    shard_notify (&shards[i]);
+  for (int i = 0; i < nshards; i++)
+    pthread_join (shards[i].thread, NULL);
+  /* Connections are gone, so no request is queued: workers exit at once. */
+  for (int i = 0; i < nshards; i++)
+    queue_stop (shards[i].queue);
+  queue_stop (global_queue);
+  global_queue = NULL;
+  for (int i = 0; i < nshards; i++) {
+    struct shard *s = &shards[i];
+    while (s->conns)
+      conn_close_now (s->conns);
+    for (size_t j = 0; j < s->n_new; j++)
+      close (s->new_fds[j]);
+    free (s->new_fds);
+    free (s->new_peers);
+    if (s->ev_drain_timeout)
+      event_free (s->ev_drain_timeout);
+    event_free (s->ev_notify);
+    event_base_free (s->base);
+    close (s->notify_fd);
+    iobuf_pool_free (s->pool);
+    pthread_mutex_destroy (&s->lock);
+  }
+  free (shards);
+  shards = NULL;
+}
