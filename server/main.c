@@ -19,16 +19,6 @@
 
 #include "internal.h"
 
-struct blkd_config cfg = {
-  .max_request = 32 * 1024 * 1024,
-  .max_inflight = 512,
-  .workers = 16,
-  .iobuf = IOBUF_POOL,
-  .queue = QUEUE_SPLIT,
-  .dispatch = DISPATCH_AUTO,
-  .sparse_reads = true,
-};
-atomic_bool server_stopping;
 
 static struct event_base *main_base;
 static int stop_fd = -1;              /* eventfd: stop from any thread/signal */
@@ -300,7 +290,8 @@ main (int argc, char **argv)
   }
 
   /* No plugin named: the embedded default, a 1 GiB RAM disk. */
-  static char *default_args[] = { "size=1G" };
+  static char default_size[] = "size=1G";  /* writable: split in place */
+  static char *default_args[] = { default_size };
   const char *plugin = "ram";
   char **pargv = default_args;
   int pargc = 1;

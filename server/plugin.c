@@ -166,10 +166,11 @@ plugin_load (const char *name, int argc, char **argv)
   for (int i = 0; i < argc; i++) {
     char *eq = strchr (argv[i], '=');
     const char *key, *value;
-    char *keybuf = NULL;
+    /* Split in place, as nbdkit does: plugins keep the key and value
+     * pointers (the eval plugin does), so they must live for ever. */
     if (eq && eq != argv[i]) {
-      keybuf = strndup (argv[i], eq - argv[i]);
-      key = keybuf;
+      *eq = '\0';
+      key = argv[i];
       value = eq + 1;
     }
     else {
@@ -182,14 +183,12 @@ plugin_load (const char *name, int argc, char **argv)
       value = argv[i];
     }
     if (!p.config) {
-      fprintf (stderr, "blkd: %s: plugin takes no parameters, got '%s'\n", p.name, argv[i]);
-      free (keybuf);
+      fprintf (stderr, "blkd: %s: plugin takes no parameters, got '%s'\n", p.name, key);
       return -1;
     }
     int r = p.config (key, value);
-    free (keybuf);
     if (r == -1) {
-      fprintf (stderr, "blkd: %s: bad parameter '%s'\n", p.name, argv[i]);
+      fprintf (stderr, "blkd: %s: bad parameter '%s'\n", p.name, key);
       return -1;
     }
   }

@@ -10,6 +10,14 @@ export PYTHON=/usr/bin/python3
 logdir="$top/build/test-logs"; mkdir -p "$logdir"
 per_test_timeout=${TEST_TIMEOUT:-600}
 
+# Sanitizer reports (SANITIZE=1 builds) go to files, not to whichever log a
+# test happens to keep, so a report from any process fails the test that
+# produced it -- even one from a server the test killed at its end.
+sandir="$logdir/sanitizer"
+rm -rf "$sandir"; mkdir -p "$sandir"
+export ASAN_OPTIONS="log_path=$sandir/asan:detect_leaks=1:abort_on_error=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+export UBSAN_OPTIONS="log_path=$sandir/ubsan:print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+
 if [ $# -gt 0 ]; then
   tests=("$@")
 else
@@ -27,6 +35,12 @@ for t in "${tests[@]}"; do
     *)    timeout -k 10 "$per_test_timeout" "$t" >"$log" 2>&1 ;;
   esac
   rc=$?
+  if compgen -G "$sandir/*" >/dev/null; then
+    echo "sanitizer report(s) while running $name:" >>"$log"
+    cat "$sandir"/* >>"$log"
+    mkdir -p "$logdir/sanitizer-$name"; mv "$sandir"/* "$logdir/sanitizer-$name/"
+    [ $rc -eq 0 ] || [ $rc -eq 77 ] && rc=99
+  fi
   secs=$(printf '%.1f' "$(echo "$(date +%s.%N) - $start" | bc)")
   if [ $rc -eq 0 ]; then
     pass=$((pass+1)); printf 'PASS  %-40s %6ss\n' "$name" "$secs"

@@ -1,0 +1,15 @@
+/* The server's configuration: one global, its defaults, read everywhere. */
+#include "internal.h"
+
+struct blkd_config cfg = {
+  .max_request = 32 * 1024 * 1024,
+  .max_inflight = 512,
+  .workers = 16,
+  .iobuf = IOBUF_POOL,
+  .queue = QUEUE_SPLIT,
+  .dispatch = DISPATCH_AUTO,
+  .sparse_reads = true,
+};
+
+/* Set once, by a signal, nbdkit_shutdown() or the end of --run. */
+atomic_bool server_stopping;
