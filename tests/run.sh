@@ -5,7 +5,7 @@
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
-export TOP="$top" BLKD="$top/blkd" BLKPERF="$top/blkperf"
+export TOP="$top" BLKD="${BLKD:-$top/blkd}" BLKPERF="${BLKPERF:-$top/blkperf}"
 export PYTHON=/usr/bin/python3
 logdir="$top/build/test-logs"; mkdir -p "$logdir"
 per_test_timeout=${TEST_TIMEOUT:-600}
