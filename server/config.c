@@ -8,7 +8,13 @@ struct blkd_config cfg = {
   .iobuf = IOBUF_POOL,
   .queue = QUEUE_SPLIT,
   .dispatch = DISPATCH_AUTO,
-  .sparse_reads = true,
+  .sparse_reads = 2,                /* auto: where extents are cheap */
+  .handshake_timeout = 10,
+  .tls = TLS_OFF,
+  .delayacct = DELAYACCT_COMPACT,
+  .cache_block = 64 * 1024,
+  .cache_mode = CACHE_WRITETHROUGH,
+  .cache_ctor = false,
 };
 
 /* Set once, by a signal, nbdkit_shutdown() or the end of --run. */

@@ -283,10 +283,12 @@ static ssize_t
 read_some (struct conn *c)
 {
   ssize_t n;
+  size_t want;
   struct request *r = c->recv_req;
 
   if (r && r->count - c->recv_have >= DIRECT_THRESHOLD && c->roff == c->rlen) {
-    n = read (c->fd, (char *) r->buf->data + c->recv_have, r->count - c->recv_have);
+    want = r->count - c->recv_have;
+    n = read (c->fd, (char *) r->buf->data + c->recv_have, want);
     if (n > 0)
       c->recv_have += n;
   }
@@ -302,10 +304,14 @@ read_some (struct conn *c)
     }
     if (c->rlen == c->rcap)
       return -3;                    /* full: the parser is waiting on us */
-    n = read (c->fd, c->rbuf + c->rlen, c->rcap - c->rlen);
+    want = c->rcap - c->rlen;
+    n = read (c->fd, c->rbuf + c->rlen, want);
     if (n > 0)
       c->rlen += n;
   }
+  /* Less than we asked for: the socket is empty now, so another read
+   * would only say EAGAIN.  Let the loop ask epoll instead. */
+  c->read_drained = n >= 0 && (size_t) n < want;
   if (n < 0)
     return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? -2 : -1;
   return n;
@@ -345,6 +351,8 @@ conn_pump (struct conn *c, bool do_read)
       pause_reading (c);
       break;
     }
+    if (c->read_drained)
+      break;
   }
   conn_flush (c);
 }

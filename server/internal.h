@@ -23,6 +23,9 @@ struct event;
 enum iobuf_mode { IOBUF_POOL, IOBUF_CALLOC };
 enum queue_mode { QUEUE_SPLIT, QUEUE_GLOBAL };
 enum dispatch_mode { DISPATCH_AUTO, DISPATCH_INLINE, DISPATCH_WORKER };
+enum tls_mode { TLS_OFF, TLS_ON, TLS_REQUIRE };
+enum delayacct_mode { DELAYACCT_COMPACT, DELAYACCT_LOCKED, DELAYACCT_OFF };
+enum cache_mode { CACHE_WRITETHROUGH, CACHE_WRITEBACK };
 
 struct blkd_config {
   const char *ip;                 /* -i; NULL: all addresses */
@@ -42,7 +45,28 @@ struct blkd_config {
   enum iobuf_mode iobuf;
   enum queue_mode queue;
   enum dispatch_mode dispatch;
-  bool sparse_reads;              /* OFFSET_HOLE chunks in structured reads */
+  int sparse_reads;               /* OFFSET_HOLE chunks: 0 no, 1 yes, 2 auto */
+
+  /* Limits (hardening). */
+  unsigned max_connections;       /* --max-connections; 0: no limit */
+  unsigned handshake_timeout;     /* --handshake-timeout seconds; 0: none */
+  unsigned idle_timeout;          /* --idle-timeout seconds; 0: none */
+
+  /* TLS (tls.c). */
+  enum tls_mode tls;
+  const char *tls_certificates;   /* dir with ca-cert.pem, server-cert.pem, server-key.pem */
+  const char *tls_psk;            /* psktool file: username:hexkey */
+  bool tls_verify_peer;
+
+  /* Observability (metrics.c, delayacct.c). */
+  const char *metrics_addr;       /* --metrics ADDR:PORT; NULL: off */
+  enum delayacct_mode delayacct;
+
+  /* Block cache (cache.c). */
+  uint64_t cache_size;            /* --cache; 0: off */
+  uint32_t cache_block;           /* --cache-block */
+  enum cache_mode cache_mode;
+  bool cache_ctor;                /* --cache-ctor=yes: keep entries constructed */
 };
 extern struct blkd_config cfg;
 
@@ -171,6 +195,7 @@ struct conn {
   enum conn_phase phase;
   bool no_zeroes, structured, meta_base_allocation, want_close;
   bool read_paused;               /* back-pressure: not watching the socket */
+  bool read_drained;              /* last read was short: socket empty */
   bool waiting_buffers;           /* on the shard's list of pool waiters */
   char *export_name;
 

@@ -103,7 +103,32 @@ usage (FILE *f)
 "      --iobuf-mem SIZE   bound on request buffer memory, all shards (default 1G)\n"
 "      --queue MODE       split (default): a queue and lock per shard;\n"
 "                         global: one queue, lock and worker pool (seed 002 A/B)\n"
-"      --sparse-reads B   send holes in structured reads as OFFSET_HOLE (default yes)\n");
+"      --sparse-reads B   send holes in structured reads as OFFSET_HOLE chunks:\n"
+"                         yes, no, or auto (default: for in-memory plugins,\n"
+"                         whose extents are cheap; a file's SEEK_HOLE is not)\n"
+"\n"
+"Limits:\n"
+"      --max-connections N  close connections beyond N at once (default: no limit)\n"
+"      --handshake-timeout S  drop clients still negotiating after S seconds\n"
+"                         (default 10; 0: never)\n"
+"      --idle-timeout S   drop clients with nothing in flight for S seconds\n"
+"                         (default 0: never)\n"
+"\n"
+"TLS (nbdkit's options):\n"
+"      --tls MODE         off (default), on (clients may use TLS), require\n"
+"      --tls-certificates DIR  ca-cert.pem, server-cert.pem, server-key.pem\n"
+"      --tls-verify-peer  client certificates must chain to the CA\n"
+"      --tls-psk FILE     pre-shared keys, psktool's username:hexkey format\n"
+"\n"
+"Observability:\n"
+"      --metrics ADDR:PORT  serve /metrics (Prometheus), /stats (JSON), /healthz\n"
+"      --delayacct MODE   compact (default), locked (seed 001 A/B), off\n"
+"\n"
+"Block cache:\n"
+"      --cache SIZE       cache between protocol and plugin (default 0: off)\n"
+"      --cache-block SIZE cache block size (default 64K)\n"
+"      --cache-mode MODE  writethrough (default) or writeback\n"
+"      --cache-ctor B     keep freed entries constructed (seed 004 A/B; default no)\n");
 }
 
 /* Sizes on our command line use the same parser plugins use. */
@@ -130,6 +155,15 @@ parse_int_opt (const char *opt, const char *arg, int min, int max)
   return v;
 }
 
+static bool
+parse_bool_opt (const char *arg)
+{
+  int b = nbdkit_parse_bool (arg);
+  if (b == -1)
+    exit (EXIT_FAILURE);
+  return b;
+}
+
 static int
 parse_choice (const char *opt, const char *arg, const char *const *choices)
 {
@@ -143,6 +177,9 @@ parse_choice (const char *opt, const char *arg, const char *const *choices)
 enum {
   OPT_RUN = 256, OPT_DUMP_PLUGIN, OPT_SHARDS, OPT_MAX_REQUEST, OPT_MAX_INFLIGHT,
   OPT_DISPATCH, OPT_IOBUF, OPT_IOBUF_MEM, OPT_QUEUE, OPT_SPARSE_READS,
+  OPT_MAX_CONNECTIONS, OPT_HANDSHAKE_TIMEOUT, OPT_IDLE_TIMEOUT, OPT_TLS,
+  OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_METRICS, OPT_DELAYACCT,
+  OPT_CACHE, OPT_CACHE_BLOCK, OPT_CACHE_MODE, OPT_CACHE_CTOR,
 };
 
 static const struct option long_opts[] = {
@@ -170,6 +207,19 @@ static const struct option long_opts[] = {
   { "iobuf-mem", required_argument, NULL, OPT_IOBUF_MEM },
   { "queue", required_argument, NULL, OPT_QUEUE },
   { "sparse-reads", required_argument, NULL, OPT_SPARSE_READS },
+  { "max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS },
+  { "handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT },
+  { "idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT },
+  { "tls", required_argument, NULL, OPT_TLS },
+  { "tls-certificates", required_argument, NULL, OPT_TLS_CERTIFICATES },
+  { "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY_PEER },
+  { "tls-psk", required_argument, NULL, OPT_TLS_PSK },
+  { "metrics", required_argument, NULL, OPT_METRICS },
+  { "delayacct", required_argument, NULL, OPT_DELAYACCT },
+  { "cache", required_argument, NULL, OPT_CACHE },
+  { "cache-block", required_argument, NULL, OPT_CACHE_BLOCK },
+  { "cache-mode", required_argument, NULL, OPT_CACHE_MODE },
+  { "cache-ctor", required_argument, NULL, OPT_CACHE_CTOR },
   { NULL, 0, NULL, 0 },
 };
 
@@ -276,13 +326,51 @@ main (int argc, char **argv)
       cfg.queue = parse_choice ("--queue", optarg,
                                 (const char *const[]) { "split", "global", NULL });
       break;
-    case OPT_SPARSE_READS: {
-      int b = nbdkit_parse_bool (optarg);
-      if (b == -1)
-        return EXIT_FAILURE;
-      cfg.sparse_reads = b;
+    case OPT_SPARSE_READS:
+      cfg.sparse_reads = strcmp (optarg, "auto") == 0 ? 2 : parse_bool_opt (optarg);
+      break;
+    case OPT_MAX_CONNECTIONS:
+      cfg.max_connections = parse_int_opt ("--max-connections", optarg, 0, 1000000);
+      break;
+    case OPT_HANDSHAKE_TIMEOUT:
+      cfg.handshake_timeout = parse_int_opt ("--handshake-timeout", optarg, 0, 86400);
+      break;
+    case OPT_IDLE_TIMEOUT:
+      cfg.idle_timeout = parse_int_opt ("--idle-timeout", optarg, 0, 86400 * 365);
+      break;
+    case OPT_TLS: {
+      /* nbdkit also spells "on" yes/true and "off" no/false. */
+      static const enum tls_mode modes[] = { TLS_OFF, TLS_ON, TLS_REQUIRE, TLS_OFF,
+                                             TLS_ON, TLS_OFF, TLS_ON };
+      cfg.tls = modes[parse_choice ("--tls", optarg, (const char *const[]) {
+          "off", "on", "require", "no", "yes", "false", "true", NULL })];
       break;
     }
+    case OPT_TLS_CERTIFICATES: cfg.tls_certificates = optarg; break;
+    case OPT_TLS_VERIFY_PEER: cfg.tls_verify_peer = true; break;
+    case OPT_TLS_PSK: cfg.tls_psk = optarg; break;
+    case OPT_METRICS: cfg.metrics_addr = optarg; break;
+    case OPT_DELAYACCT:
+      cfg.delayacct = parse_choice ("--delayacct", optarg,
+                                    (const char *const[]) { "compact", "locked", "off", NULL });
+      break;
+    case OPT_CACHE:
+      cfg.cache_size = parse_size_opt ("--cache", optarg, 0, UINT64_C(1) << 44);
+      break;
+    case OPT_CACHE_BLOCK:
+      cfg.cache_block = parse_size_opt ("--cache-block", optarg, 4096, 16 * 1024 * 1024);
+      if (cfg.cache_block & (cfg.cache_block - 1)) {
+        fprintf (stderr, "blkd: --cache-block must be a power of two\n");
+        return EXIT_FAILURE;
+      }
+      break;
+    case OPT_CACHE_MODE:
+      cfg.cache_mode = parse_choice ("--cache-mode", optarg, (const char *const[]) {
+          "writethrough", "writeback", NULL });
+      break;
+    case OPT_CACHE_CTOR:
+      cfg.cache_ctor = parse_bool_opt (optarg);
+      break;
     default:
       usage (stderr);
       return EXIT_FAILURE;

@@ -307,7 +307,11 @@ do_read (struct request *r)
   struct read_piece pc[REQ_MAX_CHUNKS];
   unsigned n = 0;
 
-  if (c->structured && cfg.sparse_reads && !(r->flags & NBD_CMD_FLAG_DF)
+  /* Asking for extents costs a plugin call: on tmpfs, SEEK_HOLE walks
+   * every page up to the next hole, which made 256k reads of a full 1 GiB
+   * file 40x slower.  "auto" asks only in-memory plugins. */
+  bool sparse = cfg.sparse_reads == 1 || (cfg.sparse_reads == 2 && plugin_inline_safe ());
+  if (c->structured && sparse && !(r->flags & NBD_CMD_FLAG_DF)
       && c->pc.caps.can_extents && r->count >= SPARSE_READ_MIN)
     n = plan_sparse_read (r, pc);
   if (n == 0) {

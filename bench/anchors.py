@@ -1,0 +1,313 @@
+#!/usr/bin/python3
+"""Side-by-side anchors for blkd's I/O engine (issue 3), with fio's nbd engine.
+
+Each workload runs against every server in turn, the order reversed on
+alternate rounds (A B C, C B A, ...), for ROUNDS rounds; we report medians,
+the spread (min-max) and ratios against nbdkit hosting the same plugin.
+Server CPU comes from /proc/PID/stat (utime+stime) around each run, the
+machine's user/system/idle split from /proc/stat.  The machine is shared
+and noisy: read the ratios, not the absolute numbers.
+
+Usage: bench/anchors.py [--rounds N] [--seconds S] [--part anchors|switches|all]
+                        [--out docs/bench-anchors.md] [--json FILE]
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLKD = os.path.join(TOP, "blkd")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+DISK = "1G"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_port(port, proc, secs=20):
+    deadline = time.time() + secs
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError("server exited at start-up: %s" % proc.args)
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not listen: %s" % proc.args)
+
+
+def proc_cpu(pid):
+    """(user, system) seconds of a process, its threads and its reaped
+    children (nbd-server serves each client in a forked child)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return ((int(fields[11]) + int(fields[13])) / CLK_TCK,
+            (int(fields[12]) + int(fields[14])) / CLK_TCK)
+
+
+def machine_cpu():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq = v[:7]
+    return user + nice, system + irq + softirq, idle + iowait
+
+
+class Server:
+    def __init__(self, name, argv_fn, tmp, export=""):
+        self.name = name
+        self.port = free_port()
+        argv = argv_fn(self.port, tmp)
+        self.log = open(os.path.join(tmp, name + ".log"), "wb")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        self.pidfile = os.path.join(tmp, "nbd-server.pid") if name.startswith("nbd-server") else None
+        if self.pidfile:
+            # nbd-server forks into the background; its children serve.
+            self.proc.wait(10)
+            time.sleep(0.3)
+            with open(self.pidfile) as f:
+                self.pid = int(f.read().strip())
+            wait_port(self.port, None)
+        else:
+            self.pid = self.proc.pid
+            wait_port(self.port, self.proc)
+        self.uri = "nbd://127.0.0.1:%d/%s" % (self.port, export)
+
+    def stop(self):
+        if self.pidfile:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except OSError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def fio(uri, rw, bs, iodepth, numjobs, seconds, extra=()):
+    cmd = ["fio", "--name=b", "--ioengine=nbd", "--uri=" + uri, "--rw=" + rw, "--bs=" + bs,
+           "--iodepth=%d" % iodepth, "--numjobs=%d" % numjobs, "--size=" + DISK,
+           "--time_based", "--runtime=%g" % seconds, "--group_reporting",
+           "--output-format=json"] + list(extra)
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tempfile.gettempdir())
+    if out.returncode != 0:
+        raise RuntimeError("fio failed: %s\n%s" % (" ".join(cmd), out.stderr))
+    j = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
+    io = j["read"] if j["read"]["io_bytes"] else j["write"]
+    pct = io["clat_ns"].get("percentile", {})
+    return {
+        "iops": io["iops"], "mib_s": io["bw"] / 1024.0, "bytes": io["io_bytes"],
+        "p50_us": pct.get("50.000000", 0) / 1000.0, "p99_us": pct.get("99.000000", 0) / 1000.0,
+    }
+
+
+def prefill(uri):
+    """Write the whole disk so reads hit real data, not holes."""
+    subprocess.run(["fio", "--name=fill", "--ioengine=nbd", "--uri=" + uri, "--rw=write",
+                    "--bs=1M", "--iodepth=8", "--size=" + DISK, "--output=/dev/null"],
+                   check=True, cwd=tempfile.gettempdir())
+
+
+def measure(server, wl, seconds):
+    u0, s0 = proc_cpu(server.pid)
+    m0 = machine_cpu()
+    r = fio(server.uri, wl["rw"], wl["bs"], wl["iodepth"], wl["numjobs"], seconds)
+    u1, s1 = proc_cpu(server.pid)
+    m1 = machine_cpu()
+    mib = r["bytes"] / 1048576.0
+    cpu = (u1 - u0) + (s1 - s0)
+    r["cpu_us_per_mib"] = cpu * 1e6 / mib if mib else 0
+    r["srv_user_s"], r["srv_sys_s"] = u1 - u0, s1 - s0
+    tot = sum(m1) - sum(m0) or 1
+    r["machine_user_pct"] = 100.0 * (m1[0] - m0[0]) / tot
+    r["machine_sys_pct"] = 100.0 * (m1[1] - m0[1]) / tot
+    r["machine_idle_pct"] = 100.0 * (m1[2] - m0[2]) / tot
+    return r
+
+
+def iperf3_mib_s(seconds):
+    port = free_port()
+    srv = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(int(seconds)),
+                          "-J"], capture_output=True, text=True)
+    srv.wait(10)
+    j = json.loads(out.stdout)
+    return j["end"]["sum_received"]["bits_per_second"] / 8 / 1048576.0
+
+
+WORKLOADS = [
+    ("4k randread QD32", dict(rw="randread", bs="4k", iodepth=32, numjobs=1)),
+    ("4k randwrite QD32", dict(rw="randwrite", bs="4k", iodepth=32, numjobs=1)),
+    ("4x QD16 4k randread", dict(rw="randread", bs="4k", iodepth=16, numjobs=4)),
+    ("QD1 4k randread", dict(rw="randread", bs="4k", iodepth=1, numjobs=1)),
+    ("256k read QD16", dict(rw="read", bs="256k", iodepth=16, numjobs=1)),
+]
+
+
+def anchor_servers(tmp):
+    img = os.path.join("/dev/shm", "blkd-bench-%d.img" % os.getpid())
+    subprocess.run(["truncate", "-s", DISK, img], check=True)
+    nbd_conf = os.path.join(tmp, "nbd-server.conf")
+
+    def nbd_server(port, t):
+        with open(nbd_conf, "w") as f:
+            f.write("[generic]\nport = %d\nlistenaddr = 127.0.0.1\n"
+                    "allowlist = true\n[disk]\nexportname = %s\n" % (port, img))
+        return ["nbd-server", "-C", nbd_conf, "-p", os.path.join(t, "nbd-server.pid")]
+
+    s = [
+        ("nbdkit memory", lambda p, t: ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(p),
+                                        "memory", DISK]),
+        ("blkd memory", lambda p, t: [BLKD, "-f", "-i", "127.0.0.1", "-p", str(p),
+                                      "memory", DISK]),
+        ("blkd ram", lambda p, t: [BLKD, "-f", "-i", "127.0.0.1", "-p", str(p), "ram", DISK]),
+        ("blkd rawio (tmpfs)", lambda p, t: [BLKD, "-f", "-i", "127.0.0.1", "-p", str(p),
+                                             "rawio", "file=" + img]),
+        ("qemu-nbd (tmpfs)", lambda p, t: ["qemu-nbd", "-f", "raw", "-b", "127.0.0.1", "-p",
+                                           str(p), "-x", "", "-t", "-e", "64", img]),
+        ("nbd-server (tmpfs)", nbd_server),
+    ]
+    return s, img
+
+
+def switch_servers(tmp):
+    def b(*opts):
+        return lambda p, t: [BLKD, "-f", "-i", "127.0.0.1", "-p", str(p)] + list(opts) + \
+            ["memory", DISK]
+    return [
+        ("iobuf=pool", b("--iobuf=pool")),
+        ("iobuf=calloc", b("--iobuf=calloc")),
+        ("queue=split (workers)", b("--queue=split", "--dispatch=worker")),
+        ("queue=global", b("--queue=global")),
+    ], None
+
+
+def run_part(title, servers_fn, workloads, rounds, seconds, baseline):
+    tmp = tempfile.mkdtemp(prefix="blkd-bench.")
+    specs, img = servers_fn(tmp)
+    servers = []
+    try:
+        for name, fn in specs:
+            try:
+                servers.append(Server(name, fn, tmp, "disk" if name.startswith("nbd-server") else ""))
+            except Exception as e:
+                print("skipping %s: %s" % (name, e), file=sys.stderr)
+        for s in servers:
+            prefill(s.uri)
+        results = {wl: {s.name: [] for s in servers} for wl, _ in workloads}
+        for rnd in range(rounds):
+            order = servers if rnd % 2 == 0 else list(reversed(servers))
+            for wl, spec in workloads:
+                for s in order:
+                    r = measure(s, spec, seconds)
+                    results[wl][s.name].append(r)
+                    print("%-8s round %d  %-22s %-22s %9.0f IOPS %8.1f MiB/s  p99 %8.0f us  "
+                          "%6.0f us-CPU/MiB" % (title, rnd + 1, wl, s.name, r["iops"], r["mib_s"],
+                                                r["p99_us"], r["cpu_us_per_mib"]),
+                          file=sys.stderr, flush=True)
+        return results
+    finally:
+        for s in servers:
+            s.stop()
+        if img:
+            os.unlink(img)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def med(xs):
+    return statistics.median(xs) if xs else 0
+
+
+def table(results, baseline):
+    lines = ["| workload | server | IOPS (median) | spread | MiB/s | p50 µs | p99 µs | "
+             "server CPU µs/MiB | user/sys s | machine idle % | × " + baseline + " |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for wl, by_server in results.items():
+        base = med([r["iops"] for r in by_server.get(baseline, [])])
+        for name, rs in by_server.items():
+            if not rs:
+                continue
+            iops = [r["iops"] for r in rs]
+            m = med(iops)
+            lines.append("| %s | %s | %.0f | %.0f–%.0f | %.1f | %.0f | %.0f | %.0f | %.2f/%.2f | %.0f | %s |" % (
+                wl, name, m, min(iops), max(iops), med([r["mib_s"] for r in rs]),
+                med([r["p50_us"] for r in rs]), med([r["p99_us"] for r in rs]),
+                med([r["cpu_us_per_mib"] for r in rs]), med([r["srv_user_s"] for r in rs]),
+                med([r["srv_sys_s"] for r in rs]), med([r["machine_idle_pct"] for r in rs]),
+                "%.2f" % (m / base) if base else "–"))
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--part", default="all", choices=["anchors", "switches", "all"])
+    ap.add_argument("--out", default=None, help="write the markdown tables here")
+    ap.add_argument("--json", default=None, help="write raw results here")
+    a = ap.parse_args()
+
+    cpu_model = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    header = ["Machine: %s, %d CPUs, kernel %s; %s; %d rounds of %gs, medians." % (
+        cpu_model, os.cpu_count(), platform.release(), time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                         time.gmtime()),
+        a.rounds, a.seconds)]
+    raw = {}
+    md = list(header)
+    if a.part in ("anchors", "all"):
+        iperf = [iperf3_mib_s(3) for _ in range(a.rounds)]
+        md.append("\niperf3, one TCP stream over loopback: median %.0f MiB/s (%.0f–%.0f)\n" % (
+            med(iperf), min(iperf), max(iperf)))
+        res = run_part("anchors", anchor_servers, WORKLOADS, a.rounds, a.seconds, "nbdkit memory")
+        raw["anchors"] = res
+        raw["iperf3_mib_s"] = iperf
+        md.append(table(res, "nbdkit memory"))
+    if a.part in ("switches", "all"):
+        sw = []
+        for conns in (1, 4, 16, 64):
+            depth = max(1, 64 // conns)
+            sw.append(("%d conn × QD%d 4k randread" % (conns, depth),
+                       dict(rw="randread", bs="4k", iodepth=depth, numjobs=conns)))
+        res = run_part("switches", switch_servers, sw, a.rounds, a.seconds, "iobuf=pool")
+        raw["switches"] = res
+        md.append("\n" + table(res, "iobuf=pool"))
+    text = "\n".join(md) + "\n"
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(raw, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
