@@ -72,6 +72,16 @@ deps:
 run: deps all
 	./blkd -f -i 127.0.0.1 -p 10809 ram size=1G
 
+# Side-by-side fio anchors against nbdkit, qemu-nbd and nbd-server (issue 3).
+# ROUNDS and SECONDS trade time for confidence; the tables land in
+# build/bench-anchors.md for pasting into docs/BENCHMARKS.md.
+ROUNDS  ?= 3
+SECONDS ?= 5
+bench-anchors: deps all
+	@mkdir -p build
+	/usr/bin/python3 bench/anchors.py --rounds $(ROUNDS) --seconds $(SECONDS) \
+	  --out build/bench-anchors.md --json build/bench-anchors.json
+
 install: all
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR)
 	install -m 0755 blkd $(DESTDIR)$(BINDIR)/blkd
