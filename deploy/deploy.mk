@@ -1,1 +1,45 @@
 # Deployment: container image, Kubernetes manifests, systemd units.
+# See deploy/README.md.
+#
+#   make container        build localhost/blkd:latest with podman (makes the
+#                         base image localhost/debian:bookworm first if absent)
+#   make container-test   build it, then run, connect, copy, health-check and
+#                         stop it for real (tests/test-deploy-container.sh)
+#   make deploy-deps      install podman, runc, debootstrap ... when missing
+#
+# The manifest and unit checks (tests/test-deploy-*.sh) run in `make check`.
+
+CONTAINER_IMAGE ?= localhost/blkd:latest
+BASE            ?= localhost/debian:bookworm
+# podman with deploy/containers.conf (runc, explicit ulimits) via CONTAINERS_CONF.
+PODMAN           = deploy/podman.sh
+
+# What the container targets need (Debian 12 names). python3-yaml is for
+# tests/test-deploy-k8s.sh, which runs in `make check` (it is in DEPS too).
+DEPLOY_DEPS = podman runc debootstrap uidmap conmon containernetworking-plugins \
+              iptables libnbd-bin curl python3-yaml
+
+.PHONY: deploy-deps container container-base container-test
+
+deploy-deps:
+	@missing=$$(for p in $(DEPLOY_DEPS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "deploy-deps: installing$$(echo $$missing | tr '\n' ' ')"; \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+container-base: deploy-deps
+	deploy/make-base-image.sh $(BASE)
+
+# --format docker: the OCI format has no HEALTHCHECK and podman would drop it.
+# --pull=never: the base is local (made above); nothing is reachable anyway.
+container: container-base
+	$(PODMAN) build --format docker --pull=never --network=host \
+	  --build-arg BASE=$(BASE) --ignorefile deploy/containerignore \
+	  -f deploy/Containerfile -t $(CONTAINER_IMAGE) .
+
+container-test: container
+	BLKD_CONTAINER_TEST=1 CONTAINER_IMAGE=$(CONTAINER_IMAGE) \
+	  tests/run.sh tests/test-deploy-container.sh

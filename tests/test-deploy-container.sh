@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The container image, for real: run the default command, connect with
+# nbdinfo, nbdcopy a random file in and out, ask the health endpoint and the
+# image's own HEALTHCHECK, check blkd runs as a non-root user, and stop it
+# with `podman stop` (SIGTERM) while a client is connected: it must exit 0
+# well inside the stop timeout. Then the argument form (PLUGIN key=value) with
+# metrics off, whose health check falls back to a TCP check, and blkperf from
+# the image against the first container.
+#
+# Slow and needs podman plus a built image, so `make check` skips it; run it
+# with `make container-test` (which builds the image first).
+. "$(dirname "$0")/lib.sh"
+
+[ "${BLKD_CONTAINER_TEST:-}" = 1 ] ||
+  skip "container test runs under 'make container-test' (builds the image; needs podman)"
+need podman; need nbdinfo; need nbdcopy; need nbdsh; need curl
+
+IMAGE=${CONTAINER_IMAGE:-localhost/blkd:latest}
+PODMAN=$TOP/deploy/podman.sh
+STOP_TIMEOUT=20
+CONTAINERS=()
+
+ctr_cleanup() {
+  local rc=$? c
+  for c in "${CONTAINERS[@]}"; do
+    if [ "$rc" != 0 ] && [ "$rc" != 77 ]; then
+      echo "--- logs of $c:"; "$PODMAN" logs "$c" 2>&1 | tail -n 30
+    fi
+    if [ -n "${KEEP_CONTAINERS:-}" ]; then echo "kept container $c"; continue; fi
+    "$PODMAN" rm -f -t 0 "$c" >/dev/null 2>&1 || true
+  done
+  cleanup
+}
+trap ctr_cleanup EXIT
+
+"$PODMAN" image exists "$IMAGE" || fail "no image $IMAGE: run 'make container' first"
+echo "== image $IMAGE"
+
+# --- what the image is, before running it ---------------------------------
+user=$("$PODMAN" image inspect -f '{{.Config.User}}' "$IMAGE")
+[ "$user" = 10809:10809 ] || fail "image USER is '$user', want 10809:10809"
+stopsig=$("$PODMAN" image inspect -f '{{.Config.StopSignal}}' "$IMAGE")
+[ "$stopsig" = SIGTERM ] || fail "image STOPSIGNAL is '$stopsig'"
+hc=$("$PODMAN" image inspect -f '{{.HealthCheck}}' "$IMAGE" 2>/dev/null || true)
+case "$hc" in *blkd-healthcheck*) ;; *) fail "image has no HEALTHCHECK ('$hc'): built without --format docker?" ;; esac
+echo "image: user $user, stop signal $stopsig, healthcheck $hc"
+
+# Runtime stage: no toolchain, and every shared library the binaries and
+# plugins need resolves.
+"$PODMAN" run --rm --no-healthcheck --entrypoint /bin/bash "$IMAGE" -c '
+  set -e
+  for t in cc gcc make; do
+    if command -v "$t" >/dev/null; then echo "toolchain in runtime image: $t"; exit 1; fi
+  done
+  ls /usr/local/bin/blkd /usr/local/bin/blkperf /usr/local/lib/blkd/plugins/nbdkit-ram-plugin.so /usr/local/lib/blkd/plugins/nbdkit-rawio-plugin.so
+  for f in /usr/local/bin/blkd /usr/local/bin/blkperf /usr/local/lib/blkd/plugins/*.so; do
+    if ldd "$f" | grep "not found"; then echo "unresolved library in $f"; exit 1; fi
+  done
+  dpkg -l | awk "/^ii/ && /-dev / {print; bad=1} END {exit bad}"
+' || fail "runtime image check"
+
+# --- the default command: ram 1 GiB on :10809, metrics on :9100 ------------
+NBD_PORT=$(free_port); MET_PORT=$(free_port)
+NAME=blkd-test-$$-a
+CONTAINERS+=("$NAME")
+# podman logs "unable to get systemd connection ... healthchecks" here: it
+# schedules health checks with systemd timers and there is no systemd on the
+# build machines. Harmless: `podman healthcheck run` below runs the image's
+# HEALTHCHECK by hand.
+"$PODMAN" run -d --name "$NAME" \
+  -p "127.0.0.1:$NBD_PORT:10809" -p "127.0.0.1:$MET_PORT:9100" "$IMAGE" >/dev/null ||
+  fail "podman run failed"
+wait_port "$NBD_PORT" 30
+URI="nbd://127.0.0.1:$NBD_PORT"
+"$PODMAN" logs "$NAME" 2>&1 | sed 's/^/container: /'
+
+size=$(nbdinfo --size "$URI") || fail "nbdinfo $URI"
+[ "$size" = 1073741824 ] || fail "default export is $size bytes, want 1 GiB"
+echo "nbdinfo: $size bytes"
+
+# nbdcopy round trip: 32 MiB of random data in, the whole disk out.
+head -c 32M /dev/urandom > "$TMP/in.img"
+nbdcopy "$TMP/in.img" "$URI" || fail "nbdcopy to the container"
+nbdcopy "$URI" "$TMP/out.img" || fail "nbdcopy from the container"
+[ "$(stat -c %s "$TMP/out.img")" = 1073741824 ] || fail "copied-out size"
+cmp -n 33554432 "$TMP/in.img" "$TMP/out.img" || fail "data read back differs"
+cmp -i 33554432:0 -n $((1073741824 - 33554432)) "$TMP/out.img" /dev/zero ||
+  fail "bytes past the written range are not zero"
+echo "nbdcopy round trip: ok"
+
+# Health: the endpoint itself, then the image's HEALTHCHECK command.
+code=$(curl -s -o "$TMP/healthz" -w '%{http_code}' "http://127.0.0.1:$MET_PORT/healthz" || true)
+echo "GET /healthz -> $code: $(head -c 200 "$TMP/healthz" 2>/dev/null)"
+[ "$code" = 200 ] || fail "/healthz answered '$code'"
+curl -fsS "http://127.0.0.1:$MET_PORT/metrics" -o "$TMP/metrics" || fail "GET /metrics"
+echo "GET /metrics: $(wc -l < "$TMP/metrics") lines"
+"$PODMAN" healthcheck run "$NAME" || fail "podman healthcheck run: unhealthy"
+echo "podman healthcheck: healthy"
+
+# Non-root: inside the container and as the host sees the process.
+uid=$("$PODMAN" exec "$NAME" id -u)
+[ "$uid" = 10809 ] || fail "container user is uid $uid"
+pid=$("$PODMAN" inspect -f '{{.State.Pid}}' "$NAME")
+hostuid=$(ps -o uid= -p "$pid" | tr -d ' ')
+comm=$(ps -o comm= -p "$pid")
+[ "$hostuid" != 0 ] || fail "blkd runs as root on the host"
+[ "$comm" = blkd ] || fail "PID 1 of the container is '$comm', not blkd (entrypoint must exec)"
+echo "non-root: uid $uid in the container, $hostuid on the host, PID 1 is $comm"
+
+# blkperf from the image against this server (host network: 127.0.0.1).
+"$PODMAN" run --rm --no-healthcheck --network=host "$IMAGE" \
+  blkperf --json -t STREAM_READ -l 2 "$URI" > "$TMP/blkperf.json" ||
+  fail "blkperf in the image"
+/usr/bin/python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$TMP/blkperf.json" ||
+  fail "blkperf --json printed no JSON: $(head -c 300 "$TMP/blkperf.json")"
+echo "blkperf from the image: $(head -c 200 "$TMP/blkperf.json")"
+
+# Graceful stop with an idle client connected: SIGTERM, drain, exit 0.
+nbdsh -u "$URI" -c 'import time; time.sleep(60)' >/dev/null 2>&1 &
+client=$!
+sleep 0.5
+start=$(date +%s.%N)
+"$PODMAN" stop -t "$STOP_TIMEOUT" "$NAME" >/dev/null || fail "podman stop"
+took=$(echo "$(date +%s.%N) - $start" | bc)
+kill "$client" 2>/dev/null || true; wait "$client" 2>/dev/null || true
+rc=$("$PODMAN" inspect -f '{{.State.ExitCode}}' "$NAME")
+"$PODMAN" logs "$NAME" 2>&1 | tail -n 5 | sed 's/^/container: /'
+echo "podman stop: exit code $rc after ${took}s (timeout ${STOP_TIMEOUT}s)"
+[ "$rc" = 0 ] || fail "blkd exited $rc on SIGTERM, want 0"
+(( $(echo "$took < $STOP_TIMEOUT / 2" | bc) )) ||
+  fail "stop took ${took}s: not well inside the ${STOP_TIMEOUT}s timeout"
+
+# --- argument form, metrics off: health falls back to a TCP check ----------
+NBD_PORT=$(free_port)
+NAME=blkd-test-$$-b
+CONTAINERS+=("$NAME")
+"$PODMAN" run -d --name "$NAME" -e BLKD_METRICS=off \
+  -p "127.0.0.1:$NBD_PORT:10809" "$IMAGE" ram size=64M >/dev/null ||
+  fail "podman run (argument form)"
+wait_port "$NBD_PORT" 30
+size=$(nbdinfo --size "nbd://127.0.0.1:$NBD_PORT") || fail "nbdinfo (argument form)"
+[ "$size" = 67108864 ] || fail "argument form export is $size bytes, want 64 MiB"
+"$PODMAN" healthcheck run "$NAME" || fail "healthcheck with metrics off"
+"$PODMAN" stop -t "$STOP_TIMEOUT" "$NAME" >/dev/null
+rc=$("$PODMAN" inspect -f '{{.State.ExitCode}}' "$NAME")
+[ "$rc" = 0 ] || fail "argument-form container exited $rc"
+echo "argument form: 64 MiB, TCP health check, exit 0"
+
+echo "container test: all checks passed"
