@@ -41,6 +41,7 @@ conn_new (struct shard *s, int fd, const char *peer)
   c->log.peer = c->peer;
   c->shard = s;
   c->fd = fd;
+  c->t_created = c->t_active = time (NULL);
   c->rcap = RBUF_SIZE;
   c->rbuf = malloc (c->rcap);
   if (!c->rbuf)
@@ -363,6 +364,8 @@ conn_on_read (evutil_socket_t fd, short what, void *arg)
   struct conn *c = arg;
   struct shard *s = c->shard;
   log_current = &c->log;
+  if (cfg.idle_timeout)
+    c->t_active = time (NULL);     /* vDSO: no syscall */
   conn_pump (c, true);
   shard_flush_marked (s);
   log_current = NULL;

@@ -216,6 +216,7 @@ struct conn {
   struct request *sendq_head, *sendq_tail;
 
   unsigned inflight;              /* parsed, not yet freed */
+  time_t t_created, t_active;     /* coarse seconds, for the timeouts sweep */
   struct conn *flush_next;        /* shard's list of conns with new replies */
   bool flush_pending;
   struct conn *wait_next;         /* shard's list of conns waiting for buffers */
@@ -261,6 +262,7 @@ struct shard {
   struct conn *waiters;           /* conns waiting for pool buffers */
   struct conn *flush_list;        /* conns with replies queued this round */
   struct event *ev_drain_timeout;
+  struct event *ev_sweep;         /* once a second: handshake/idle timeouts */
   struct queue *queue;            /* this shard's work queue (split mode) */
   bool draining;
 };

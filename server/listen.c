@@ -234,6 +234,13 @@ on_accept (evutil_socket_t lfd, short what, void *arg)
     }
     char peer[64];
     peer_string (&ss, peer, sizeof peer);
+    if (cfg.max_connections && shard_total_conns () >= cfg.max_connections) {
+      /* Closing at once tells the client more than a silent backlog. */
+      log_warn ("peer %s: %u connections already (--max-connections); closing",
+                peer, cfg.max_connections);
+      close (fd);
+      continue;
+    }
     shard_handoff (fd, peer);
   }
 }

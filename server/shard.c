@@ -202,9 +202,40 @@ shard_drain_timeout (evutil_socket_t fd, short what, void *arg)
   struct shard *s = arg;
   log_warn ("shard %d: %u connection(s) did not drain in time; closing them",
             s->index, s->nconns);
-  while (s->conns)
-    conn_close_now (s->conns);
-  event_base_loopbreak (s->base);
+  /* Closing frees a connection only once its requests are back from the
+   * workers; the last free breaks the loop (shard_conn_gone). */
+  for (struct conn *c = s->conns, *next; c; c = next) {
+    next = c->next;
+    conn_close_now (c);
+  }
+}
+
+/* Timeouts are checked by one sweep a second per shard rather than a
+ * timer per connection: re-arming a timer on every request would cost a
+ * heap operation per request for a limit that is counted in seconds. */
+static void
+shard_sweep (evutil_socket_t fd, short what, void *arg)
+{
+  struct shard *s = arg;
+  time_t now = time (NULL);
+
+  for (struct conn *c = s->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->fd < 0)
+      continue;
+    log_current = &c->log;
+    if (c->phase != CONN_TRANSMISSION && c->phase != CONN_CLOSING && cfg.handshake_timeout
+        && now - c->t_created >= (time_t) cfg.handshake_timeout) {
+      log_info ("handshake not finished after %u s; closing", cfg.handshake_timeout);
+      conn_close_now (c);
+    }
+    else if (c->phase == CONN_TRANSMISSION && cfg.idle_timeout && c->inflight == 0
+             && now - c->t_active >= (time_t) cfg.idle_timeout) {
+      log_info ("idle for %u s; closing", cfg.idle_timeout);
+      conn_close_now (c);
+    }
+    log_current = NULL;
+  }
 }
 
 static void
@@ -329,6 +360,12 @@ shard_start_all (void)
     s->ev_notify = event_new (s->base, s->notify_fd, EV_READ | EV_PERSIST, shard_on_notify, s);
     if (!s->ev_notify || event_add (s->ev_notify, NULL) == -1)
       return -1;
+    if (cfg.handshake_timeout || cfg.idle_timeout) {
+      struct timeval sec = { .tv_sec = 1 };
+      s->ev_sweep = event_new (s->base, -1, EV_PERSIST, shard_sweep, s);
+      if (!s->ev_sweep || event_add (s->ev_sweep, &sec) == -1)
+        return -1;
+    }
     if (need_workers && cfg.queue == QUEUE_SPLIT) {
       char qname[24];
       snprintf (qname, sizeof qname, "blkd.s%d", i);
@@ -368,14 +405,14 @@ shard_stop_all (void)
   global_queue = NULL;
   for (int i = 0; i < nshards; i++) {
     struct shard *s = &shards[i];
-    while (s->conns)
-      conn_close_now (s->conns);
     for (size_t j = 0; j < s->n_new; j++)
       close (s->new_fds[j]);
     free (s->new_fds);
     free (s->new_peers);
     if (s->ev_drain_timeout)
       event_free (s->ev_drain_timeout);
+    if (s->ev_sweep)
+      event_free (s->ev_sweep);
     event_free (s->ev_notify);
     event_base_free (s->base);
     close (s->notify_fd);
