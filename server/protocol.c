@@ -554,6 +554,7 @@ protocol_consume (struct conn *c)
     }
     if (!attach_buffer (c, r)) {
       if (errno == ENOBUFS) {
+        log_debug ("buffer pool at its bound: reading paused until buffers return");
         c->stalled_req = r;
         shard_wait_buffers (c->shard, c);
         return 0;
