@@ -238,16 +238,28 @@ write_pidfile (void)
 
 /* Fork into the background like nbdkit: the parent exits once the
  * sockets are bound, so "blkd ... && client" works. */
+static int daemon_ready_fd = -1;
+
 static int
 daemonize (void)
 {
+  int ready[2];
+  if (pipe2 (ready, O_CLOEXEC) == -1) {
+    fprintf (stderr, "blkd: pipe: %m\n");
+    return -1;
+  }
   pid_t pid = fork ();
   if (pid == -1) {
     fprintf (stderr, "blkd: fork: %m\n");
     return -1;
   }
-  if (pid > 0)
-    _exit (EXIT_SUCCESS);
+  if (pid > 0) {
+    char b;
+    close (ready[1]);
+    _exit (read (ready[0], &b, 1) == 1 ? EXIT_SUCCESS : EXIT_FAILURE);
+  }
+  close (ready[0]);
+  daemon_ready_fd = ready[1];
   setsid ();
   int fd = open ("/dev/null", O_RDWR);
   if (fd >= 0) {
@@ -468,6 +480,12 @@ main (int argc, char **argv)
   if (cfg.foreground && !cfg.run_cmd)
     fprintf (stderr, "blkd: serving %s on %s (%d shards)\n", plugin_name (), listen_uri (),
              cfg.shards);
+  if (daemon_ready_fd >= 0) {
+    if (write (daemon_ready_fd, "", 1) != 1)
+      log_warn ("could not tell the parent we are ready: %m");
+    close (daemon_ready_fd);
+    daemon_ready_fd = -1;
+  }
   if (cfg.run_cmd && start_run_command () == -1) {
     exit_code = EXIT_FAILURE;
     goto out_events;
