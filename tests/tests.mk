@@ -9,3 +9,11 @@ tests/unit-%: tests/unit-%.c $(UNIT_OBJS)
 
 check: deps all $(TEST_BINS)
 	@tests/run.sh $(TESTS)
+
+# Test-only plugins (tests/plugins/NAME.c): built for the suite, never
+# installed.
+TEST_PLUGIN_SRCS = $(wildcard tests/plugins/*.c)
+TEST_PLUGINS = $(patsubst tests/plugins/%.c,tests/plugins/nbdkit-%-plugin.so,$(TEST_PLUGIN_SRCS))
+tests/plugins/nbdkit-%-plugin.so: tests/plugins/%.c
+	$(CC) -std=gnu11 $(WARN) -O2 -g -D_GNU_SOURCE -fPIC -shared -pthread -o $@ $<
+check: $(TEST_PLUGINS)
