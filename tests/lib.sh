@@ -42,11 +42,12 @@ wait_socket() {
 }
 
 # start_server [SERVER] ARGS...: start blkd (or nbdkit when SERVER=nbdkit is
-# given as first word) in the foreground on a fresh TCP port; sets PORT, URI
+# given as first word; "blkd" names the default explicitly) in the foreground on a fresh TCP port; sets PORT, URI
 # and SERVER_PID. Server output goes to $TMP/server.log.
 start_server() {
   local bin=$BLKD
-  if [ "${1:-}" = nbdkit ]; then bin=nbdkit; shift; fi
+  if [ "${1:-}" = nbdkit ]; then bin=nbdkit; shift
+  elif [ "${1:-}" = blkd ]; then shift; fi
   PORT=$(free_port)
   "$bin" -f -i 127.0.0.1 -p "$PORT" "$@" >>"$TMP/server.log" 2>&1 &
   SERVER_PID=$!
@@ -58,7 +59,8 @@ start_server() {
 # start_server_unix [SERVER] ARGS...: same on a Unix socket; sets SOCK, URI.
 start_server_unix() {
   local bin=$BLKD
-  if [ "${1:-}" = nbdkit ]; then bin=nbdkit; shift; fi
+  if [ "${1:-}" = nbdkit ]; then bin=nbdkit; shift
+  elif [ "${1:-}" = blkd ]; then shift; fi
   SOCK="$TMP/nbd.sock"
   "$bin" -f -U "$SOCK" "$@" >>"$TMP/server.log" 2>&1 &
   SERVER_PID=$!

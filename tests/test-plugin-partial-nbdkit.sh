@@ -3,13 +3,16 @@
 # the first quarter, 0x5A elsewhere, reads from the second half fail with
 # an error, writes discarded) so blkd's buffer-safety tests can rely on it.
 . "$(dirname "$0")/lib.sh"
+# The same checks run with the plugin hosted by nbdkit (this file) and by
+# blkd (test-plugin-partial-blkd.sh sets PLUGIN_HOST=blkd).
+PLUGIN_HOST=${PLUGIN_HOST:-nbdkit}
 need nbdkit; need nbdinfo; need qemu-io
 PY=/usr/bin/python3
 $PY -c 'import nbd' 2>/dev/null || skip "python3-libnbd (module nbd) is not installed"
 SO=$TOP/plugins/partial/nbdkit-partial-plugin.so
 [ -f "$SO" ] || skip "$SO is not built (make plugins/partial/nbdkit-partial-plugin.so)"
 
-start_server nbdkit "$SO" size=16M
+start_server "$PLUGIN_HOST" "$SO" size=16M
 
 # Block status: first quarter hole+zero, the rest data.
 got=$(nbdinfo --map "$URI" | awk '{print $1, $2, $3}')

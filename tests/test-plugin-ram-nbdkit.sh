@@ -3,6 +3,9 @@
 # block status, pattern I/O, trim/zero, nbdcopy round trip, 4 parallel
 # writers, and a trim-vs-read race that would expose use-after-free.
 . "$(dirname "$0")/lib.sh"
+# The same checks run with the plugin hosted by nbdkit (this file) and by
+# blkd (test-plugin-ram-blkd.sh sets PLUGIN_HOST=blkd).
+PLUGIN_HOST=${PLUGIN_HOST:-nbdkit}
 need nbdkit; need nbdinfo; need nbdcopy; need qemu-io
 PY=/usr/bin/python3
 $PY -c 'import nbd' 2>/dev/null || skip "python3-libnbd (module nbd) is not installed"
@@ -13,7 +16,7 @@ SO=$TOP/plugins/ram/nbdkit-ram-plugin.so
 nbdkit "$SO" --dump-plugin | grep -qx 'ram_chunk_size=65536' \
   || fail "--dump-plugin lacks ram_chunk_size=65536"
 
-start_server nbdkit "$SO" size=64M
+start_server "$PLUGIN_HOST" "$SO" size=64M
 
 # Size and every flag the plugin promises.
 nbdinfo --json "$URI" >"$TMP/info.json"
@@ -62,7 +65,7 @@ want=$'0 1114112 3\n1114112 131072 0\n1245184 65536 3\n1310720 786432 0\n2097152
 stop_server
 
 # nbdcopy round trip of 32 MiB of random data through a fresh 64 MiB disk.
-start_server nbdkit "$SO" size=64M
+start_server "$PLUGIN_HOST" "$SO" size=64M
 head -c 32M /dev/urandom >"$TMP/rand"
 nbdcopy "$TMP/rand" "$URI" || fail "nbdcopy file -> nbd"
 nbdcopy "$URI" "$TMP/back" || fail "nbdcopy nbd -> file"
@@ -75,7 +78,7 @@ stop_server
 
 # Four connections write disjoint 8 MiB regions at once, 64 requests in
 # flight each, then a fifth connection reads everything back.
-start_server nbdkit "$SO" size=64M
+start_server "$PLUGIN_HOST" "$SO" size=64M
 $PY - "$URI" <<'EOF' || fail "parallel writers"
 import nbd, os, sys, threading
 uri, region, piece = sys.argv[1], 8 << 20, 128 << 10

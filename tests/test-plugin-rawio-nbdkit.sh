@@ -3,6 +3,9 @@
 # tmpfs, O_DIRECT on a filesystem that allows it, read-only; data checked
 # in the backing file itself, holes checked against SEEK_DATA/SEEK_HOLE.
 . "$(dirname "$0")/lib.sh"
+# The same checks run with the plugin hosted by nbdkit (this file) and by
+# blkd (test-plugin-rawio-blkd.sh sets PLUGIN_HOST=blkd).
+PLUGIN_HOST=${PLUGIN_HOST:-nbdkit}
 need nbdkit; need nbdinfo; need nbdcopy; need qemu-io
 PY=/usr/bin/python3
 $PY -c 'import nbd' 2>/dev/null || skip "python3-libnbd (module nbd) is not installed"
@@ -159,7 +162,7 @@ EOF
 shmdir=/dev/shm; [ -d "$shmdir" ] && [ -w "$shmdir" ] || shmdir=$TMP
 F=$(mktemp "$shmdir/blkd-rawio.XXXXXX"); trap 'rm -f "$F" "${D:-}"; cleanup' EXIT
 truncate -s 64M "$F"
-start_server nbdkit "$SO" "$F"
+start_server "$PLUGIN_HOST" "$SO" "$F"
 check_flags "$URI" rw
 common_checks "$URI" "$F"
 parallel_writers "$URI" "$F"
@@ -168,7 +171,7 @@ stop_server
 # nbdcopy round trip: the file itself must equal the source afterwards.
 truncate -s 0 "$F"; truncate -s 32M "$F"
 head -c 32M /dev/urandom >"$TMP/rand"
-start_server nbdkit "$SO" file="$F"
+start_server "$PLUGIN_HOST" "$SO" file="$F"
 nbdcopy "$TMP/rand" "$URI" || fail "nbdcopy file -> nbd"
 cmp "$TMP/rand" "$F" || fail "backing file differs from nbdcopy source"
 nbdcopy "$URI" "$TMP/back" || fail "nbdcopy nbd -> file"
@@ -177,7 +180,7 @@ a=$(sha256sum <"$TMP/rand" | cut -d' ' -f1); b=$(sha256sum <"$TMP/back" | cut -d
 stop_server
 
 # readonly=true: flagged read-only, writes refused, file untouched.
-start_server nbdkit "$SO" file="$F" readonly=true
+start_server "$PLUGIN_HOST" "$SO" file="$F" readonly=true
 nbdinfo --json "$URI" | grep -q '"is_read_only": true' || fail "readonly=true not read-only"
 if qemu-io -f raw -c 'write -P 0x01 0 4k' "$URI" >/dev/null 2>&1; then
   fail "write to readonly=true export succeeded"
@@ -225,16 +228,17 @@ echo "direct=true on $ddir ($dfs)"
 
 D=$(mktemp "$ddir/blkd-rawio.XXXXXX")
 truncate -s 64M "$D"
-start_server nbdkit "$SO" file="$D" direct=true
+start_server "$PLUGIN_HOST" "$SO" file="$D" direct=true
 check_flags "$URI" rw
 nbdinfo --json "$URI" >"$TMP/dinfo.json"
-$PY - "$TMP/dinfo.json" <<'EOF' || fail "block size not advertised: $(cat "$TMP/dinfo.json")"
+$PY - "$TMP/dinfo.json" "$PLUGIN_HOST" <<'EOF' || fail "block size not advertised: $(cat "$TMP/dinfo.json")"
 import json, sys
 e = json.load(open(sys.argv[1]))["exports"][0]
 mn, pr, mx = e["block_size_minimum"], e["block_size_preferred"], e["block_size_maximum"]
 assert mn >= 512 and mn & (mn - 1) == 0 and mn <= 65536, mn
 assert pr >= 4096 and pr >= mn, pr
-assert mx == 0xffffffff, mx
+# blkd caps the maximum at its own --max-request (32 MiB by default).
+assert mx == (0xffffffff if sys.argv[2] == "nbdkit" else 32 << 20), mx
 print("block size", mn, pr, mx)
 EOF
 common_checks "$URI" "$D"
@@ -254,8 +258,24 @@ fi
 expect_bytes "$D" 40M 4M 0x5c
 parallel_writers "$URI" "$D"
 
-# Unaligned requests (a client ignoring the block size) still work, via
-# the buffered fd, and stay coherent with the direct fd.
+# Unaligned requests (a client ignoring the block size): nbdkit passes
+# them to the plugin, which serves them through its buffered fd, coherent
+# with the direct fd.  blkd enforces the advertised minimum instead and
+# answers EINVAL (proto.md: a server SHOULD), leaving the connection usable.
+if [ "$PLUGIN_HOST" = blkd ]; then
+$PY - "$URI" <<'EOF' || fail "blkd: unaligned I/O under direct=true"
+import errno, nbd, sys
+h = nbd.NBD(); h.set_strict_mode(h.get_strict_mode() & ~nbd.STRICT_ALIGN)
+h.connect_uri(sys.argv[1])
+for fn in (lambda: h.pwrite(b"x" * 1000, 8 * 4096 + 7), lambda: h.pread(1000, 8 * 4096 + 7)):
+    try:
+        fn(); raise SystemExit("misaligned request accepted")
+    except nbd.Error as e:
+        assert "EINVAL" in str(e), e
+assert len(h.pread(4096, 8 * 4096)) == 4096
+h.shutdown()
+EOF
+else
 $PY - "$URI" "$D" <<'EOF' || fail "unaligned I/O under direct=true"
 import nbd, os, sys
 h = nbd.NBD(); h.set_strict_mode(h.get_strict_mode() & ~nbd.STRICT_ALIGN)
@@ -269,5 +289,6 @@ with open(sys.argv[2], "rb") as f:
     f.seek(8 * 4096 + 7); assert f.read(1000) == payload, "file content"
 h.shutdown()
 EOF
+fi
 stop_server
 echo ok

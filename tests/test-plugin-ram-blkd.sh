@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+# The ram plugin hosted by blkd: the nbdkit test's checks, against blkd.
+PLUGIN_HOST=blkd exec "$(dirname "$0")/test-plugin-ram-nbdkit.sh"
