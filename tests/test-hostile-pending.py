@@ -45,6 +45,43 @@ def send_bg(sock, data):
     return t
 
 
+@pending("pool-stall-never-woken",
+         "a connection that stalls on the buffer pool is never woken when its own "
+         "replies free the buffers: a plain pipelining client hangs for ever")
+def pool_stall():
+    """Inline dispatch (ram, memory, ... -- the default for in-memory
+    plugins): a READ that finds the pool at its bound parks the connection
+    (stalled_req, shard_wait_buffers, reading paused).  The replies queued
+    ahead of it are then sent by conn_flush() at the end of conn_pump() and
+    their buffers go back to the pool -- but shard_wake_waiters() runs only
+    from conn_on_write() (after an EAGAIN) and shard_on_notify() (worker
+    completions, hand-overs).  When the socket took every byte, neither
+    comes, and the connection waits for ever.  Reproduction: --shards 1
+    --iobuf-mem 1M --max-request 512K, one client pipelines 64 x 512 KiB
+    READs and reads every reply: it gets 2 and hangs.  (With the defaults,
+    1G and 32M, 17 pipelined 32 MiB READs on one shard do the same.)
+    Fix: in conn_on_read(), after shard_flush_marked (s), call
+    shard_wake_waiters (s)."""
+    K = 1024
+    for bs in (512 * K, 64 * K):
+        srv = Server(["ram", "size=64M"], opts=["--shards", "1", "--iobuf-mem", "1M",
+                                                "--max-request", "512K"])
+        c = RawClient(srv, timeout=5)
+        c.handshake(structured=False)
+        c.sock.sendall(b"".join(RawClient.request(NBD_CMD_READ, i * bs, bs, cookie=i)
+                                for i in range(64)))
+        got = 0
+        try:
+            for i in range(64):
+                c.recv_reply(bs)
+                got += 1
+        except (OSError, EOFError):
+            pass
+        c.close()
+        srv.stop()
+        check_eq(got, 64, "replies to 64 pipelined %d KiB READs through a 1 MiB pool" % (bs // K))
+
+
 @pending("handshake-output-unbounded",
          "option replies a client never reads pile up in conn->obuf without bound")
 def handshake_output_unbounded():
