@@ -1,0 +1,272 @@
+/* blkperf internals: options, per-iteration results and the functions the client's files share. */
+#ifndef BLKPERF_H
+#define BLKPERF_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- tests ------------------------------------------------------------ */
+
+enum bp_test {
+  BP_STREAM_READ,
+  BP_STREAM_WRITE,
+  BP_RR,
+  BP_RAND_READ,
+  BP_RAND_WRITE,
+  BP_RAND_RW,
+  BP_SEQ_REWRITE,
+  BP_CHURN,
+  BP_NTESTS
+};
+
+/* Request kinds a slot can carry; index into per-kind counters. */
+enum bp_op { BP_OP_READ, BP_OP_WRITE, BP_OP_TRIM, BP_NOPS };
+
+const char *bp_test_name (enum bp_test t);
+int bp_test_parse (const char *s);           /* -1 when unknown */
+bool bp_test_writes (enum bp_test t);        /* needs a writable export */
+bool bp_test_reads (enum bp_test t);
+bool bp_test_sequential (enum bp_test t);    /* connections split the span */
+/* Which metric decides "better": IOPS for request-bound tests, bytes/s for
+ * the streaming ones (they are proportional for a fixed block size, but a
+ * reader should see the unit the test is about). */
+bool bp_test_primary_is_iops (enum bp_test t);
+
+/* ---- options ---------------------------------------------------------- */
+
+#define BP_MAX_ITER 1000
+
+struct bp_opts {
+  enum bp_test test;
+  bool compare;
+  const char *uri[2];            /* A (and B in compare mode) */
+  double duration_s;             /* -l, used when nrequests == 0 */
+  uint64_t nrequests;            /* -n, total over all connections */
+  uint64_t bs;                   /* -b */
+  unsigned depth;                /* -q */
+  unsigned conns;                /* -C */
+  unsigned iter_max, iter_min;   /* -i */
+  double ci_level, ci_width;     /* -I, in percent */
+  bool ci_requested;             /* -i or -I given: stop on the CI goal */
+  bool cpu_local;                /* -c */
+  const char *metrics_url[2];    /* -M, A then B; B falls back to A */
+  bool json;
+  double warmup_s;               /* -w */
+  uint64_t seed;                 /* -s */
+  uint64_t span, offset;         /* --span, --offset; span 0 = default */
+  unsigned read_pct;             /* --rw-mix */
+  bool quiet;                    /* no progress line */
+  /* TLS, applied to every handle before nbd_connect_uri. */
+  const char *tls_certificates, *tls_psk, *tls_username;
+  bool tls_verify_peer, tls_verify_set, tls_any;
+};
+
+/* Parses argv into *o (defaults filled in per test); prints usage and
+ * exits 2 on a usage error, exits 0 after --help. */
+void bp_opts_parse (struct bp_opts *o, int argc, char **argv);
+
+/* ---- latency histogram (hist.c) --------------------------------------- */
+
+/* Log-linear buckets over nanoseconds: values below 128 ns are exact, above
+ * that each power of two is split into 64 buckets, so a bucket is at most
+ * 1/64 of its value wide (under 0.8% error at the bucket's midpoint). */
+#define BP_HIST_SUB 64
+#define BP_HIST_BUCKETS (2 * BP_HIST_SUB + (64 - 7) * BP_HIST_SUB)
+
+struct bp_hist {
+  uint64_t count;
+  uint64_t min_ns, max_ns;
+  double sum_ns;
+  uint64_t b[BP_HIST_BUCKETS];
+};
+
+void bp_hist_reset (struct bp_hist *h);
+void bp_hist_merge (struct bp_hist *dst, const struct bp_hist *src);
+double bp_hist_quantile_us (const struct bp_hist *h, double q);
+double bp_hist_mean_us (const struct bp_hist *h);
+
+static inline unsigned
+bp_hist_index (uint64_t v)
+{
+  if (v < 2 * BP_HIST_SUB)
+    return (unsigned) v;
+  unsigned msb = 63 - (unsigned) __builtin_clzll (v);
+  unsigned shift = msb - 6;                 /* keep the top 7 bits */
+  unsigned top = (unsigned) (v >> shift);   /* 64..127 */
+  return 2 * BP_HIST_SUB + (shift - 1) * BP_HIST_SUB + (top - BP_HIST_SUB);
+}
+
+static inline void
+bp_hist_add (struct bp_hist *h, uint64_t v)
+{
+  h->b[bp_hist_index (v)]++;
+  h->count++;
+  h->sum_ns += (double) v;
+  if (v < h->min_ns) h->min_ns = v;
+  if (v > h->max_ns) h->max_ns = v;
+}
+
+/* ---- statistics (stats.c) --------------------------------------------- */
+
+struct bp_summary {
+  unsigned n;
+  double mean, sd;
+  double half;         /* half-width of the CI, NAN when n < 2 */
+  double width_pct;    /* full CI width as % of the mean, like netperf's -I */
+};
+
+/* Quantile of Student's t with (possibly fractional) df: P(T <= x) = p. */
+double bp_t_quantile (double p, double df);
+double bp_t_cdf (double t, double df);
+void bp_summarize (const double *x, unsigned n, double level_pct,
+                   struct bp_summary *s);
+
+struct bp_welch {
+  double diff, se, df, t, p;       /* B - A, two-sided p */
+  double lo, hi;                   /* CI of B - A at the level */
+  double pct, lo_pct, hi_pct;      /* the same as % of mean A */
+  bool significant;                /* the interval excludes zero */
+};
+void bp_welch (const double *a, unsigned na, const double *b, unsigned nb,
+               double level_pct, struct bp_welch *w);
+
+/* ---- CPU accounting (cpu.c) ------------------------------------------- */
+
+struct bp_cpu_sample {
+  uint64_t mono_ns;
+  /* /proc/stat "cpu" line, in clock ticks, summed over all CPUs. */
+  uint64_t user, system, idle, steal, total;
+  bool have_stat;
+  double proc_user_s, proc_sys_s;   /* getrusage (RUSAGE_SELF) */
+};
+
+void bp_cpu_sample (struct bp_cpu_sample *s);
+
+/* Totals over one or more windows; bp_cpu_accumulate adds a window's
+ * deltas and says whether it could (false: no /proc/stat, or no tick). */
+struct bp_cpu_acc {
+  bool valid;
+  double wall_s;
+  double user_ticks, system_ticks, idle_ticks, steal_ticks, total_ticks;
+  double proc_user_s, proc_sys_s;
+};
+bool bp_cpu_accumulate (struct bp_cpu_acc *acc, const struct bp_cpu_sample *a,
+                        const struct bp_cpu_sample *b);
+long bp_cpu_ticks_per_s (void);
+long bp_cpu_count (void);
+
+/* ---- server metrics (metrics.c) --------------------------------------- */
+
+/* What one scrape of /metrics told us; NAN where the metric was absent. */
+struct bp_metrics {
+  bool ok;
+  uint64_t mono_ns;                 /* when the reply arrived */
+  double proc_cpu_s;                /* process_cpu_seconds_total */
+  double blkd_user_s, blkd_sys_s;   /* blkd_process_cpu_{user,system}_seconds_total */
+  double node_user_s, node_sys_s, node_idle_s, node_total_s;  /* node_cpu_seconds_total */
+  double delay_queued_s, delay_plugin_s, delay_send_s;        /* blkd_delay_* */
+};
+
+/* Fetches URL (http://host[:port]/path) with HTTP/1.0; on failure m->ok is
+ * false and err (if not NULL) holds a reason. */
+void bp_metrics_fetch (const char *url, struct bp_metrics *m,
+                       char *err, size_t errlen);
+/* Parses Prometheus text exposition into m (exposed for testing). */
+void bp_metrics_parse (const char *text, size_t len, struct bp_metrics *m);
+
+/* Remote totals over windows, same idea as bp_cpu_acc.  Each field counts
+ * only windows where both scrapes had it. */
+struct bp_remote_acc {
+  unsigned windows;                 /* scrape pairs that succeeded */
+  double wall_s;
+  double cpu_s; unsigned cpu_n;     /* process user+system */
+  double user_s, sys_s; unsigned split_n;
+  double node_user_s, node_sys_s, node_idle_s, node_total_s; unsigned node_n;
+  double queued_s, plugin_s, send_s; unsigned delay_n;
+  const char *cpu_source;
+};
+bool bp_remote_accumulate (struct bp_remote_acc *acc, const struct bp_metrics *a,
+                           const struct bp_metrics *b);
+
+/* ---- running (worker.c, run.c) ---------------------------------------- */
+
+/* What the probe connection learned about a target. */
+struct bp_target {
+  const char *uri;
+  const char *metrics_url;
+  char *export_name;
+  uint64_t size;
+  bool read_only, can_trim, can_multi_conn;
+  uint64_t span, offset;            /* the range this run uses */
+};
+
+/* One iteration's measurements. */
+struct bp_iter {
+  double elapsed_s;
+  uint64_t bytes;
+  uint64_t ops[BP_NOPS];
+  uint64_t requests;
+  uint64_t errors;
+  double bytes_per_s, iops;
+  double lat_mean_us, lat_p50_us, lat_p99_us, lat_p999_us;
+  int rcvbuf, sndbuf;
+  bool interrupted;
+};
+
+/* Everything measured against one target over all its iterations. */
+struct bp_result {
+  struct bp_target tgt;
+  unsigned n;                        /* iterations done */
+  struct bp_iter it[BP_MAX_ITER];
+  struct bp_hist hist;               /* all iterations merged */
+  struct bp_cpu_acc cpu;
+  uint64_t cpu_bytes, cpu_requests;        /* in windows cpu covers */
+  struct bp_remote_acc remote;
+  uint64_t remote_bytes, remote_requests;  /* in windows remote covers */
+  char remote_err[256];              /* last scrape failure, for the report */
+  bool interrupted;
+  bool failed;                       /* a connection died or could not start */
+};
+
+extern volatile sig_atomic_t bp_interrupted;
+
+uint64_t bp_now_ns (void);
+
+/* Connects once to learn size and flags, checks the test can run there,
+ * and settles span/offset.  Returns -1 (message printed) on failure. */
+int bp_probe (const struct bp_opts *o, struct bp_target *t);
+/* Makes span/offset of two targets agree so A and B do the same work. */
+int bp_settle_range (const struct bp_opts *o, struct bp_target *t,
+                     unsigned ntargets);
+/* SEQ_REWRITE: writes the region once, untimed, so the test rewrites. */
+int bp_prefill (const struct bp_opts *o, const struct bp_target *t);
+/* Runs one iteration against t and appends it to r.  Returns -1 when the
+ * iteration could not run (r->failed set, message printed). */
+int bp_run_iteration (const struct bp_opts *o, struct bp_result *r,
+                      unsigned iter_no, const char *label);
+void bp_workers_free (void);
+
+/* Per-iteration primary metric and friends, for statistics. */
+double bp_iter_metric (const struct bp_iter *it, int which);
+enum { BP_M_MIBS, BP_M_IOPS, BP_M_LAT_MEAN, BP_M_LAT_P99, BP_NMETRICS };
+
+/* ---- reporting (report.c) --------------------------------------------- */
+
+void bp_report_run (FILE *f, const struct bp_opts *o, const struct bp_result *r);
+void bp_report_compare (FILE *f, const struct bp_opts *o,
+                        const struct bp_result *a, const struct bp_result *b);
+/* Summary of r's primary metric over its iterations. */
+void bp_result_summary (const struct bp_opts *o, const struct bp_result *r,
+                        int metric, struct bp_summary *s);
+bool bp_ci_met (const struct bp_opts *o, const struct bp_result *r);
+
+/* ---- small helpers (opts.c) ------------------------------------------- */
+
+void bp_die (const char *fmt, ...) __attribute__((format (printf, 1, 2), noreturn));
+void bp_warn (const char *fmt, ...) __attribute__((format (printf, 1, 2)));
+int bp_parse_size (const char *s, uint64_t *out);
+
+#endif
