@@ -17,7 +17,7 @@ PODMAN           = deploy/podman.sh
 # What the container targets need (Debian 12 names). python3-yaml is for
 # tests/test-deploy-k8s.sh, which runs in `make check` (it is in DEPS too).
 DEPLOY_DEPS = podman runc debootstrap uidmap conmon containernetworking-plugins \
-              iptables libnbd-bin curl python3-yaml
+              iptables libnbd-bin curl openssl python3-yaml
 
 .PHONY: deploy-deps container container-base container-test
 

@@ -4,8 +4,10 @@
 # image's own HEALTHCHECK, check blkd runs as a non-root user, and stop it
 # with `podman stop` (SIGTERM) while a client is connected: it must exit 0
 # well inside the stop timeout. Then the argument form (PLUGIN key=value) with
-# metrics off, whose health check falls back to a TCP check, and blkperf from
-# the image against the first container.
+# metrics off, whose health check falls back to a TCP check; blkperf from
+# the image against the first container; TLS from a mounted BLKD_TLS_DIR;
+# and the k8s pod's settings (ConfigMap, init command, read-only root, rawio
+# on a volume).
 #
 # Slow and needs podman plus a built image, so `make check` skips it; run it
 # with `make container-test` (which builds the image first).
@@ -14,6 +16,11 @@
 [ "${BLKD_CONTAINER_TEST:-}" = 1 ] ||
   skip "container test runs under 'make container-test' (builds the image; needs podman)"
 need podman; need nbdinfo; need nbdcopy; need nbdsh; need curl
+PY=/usr/bin/python3
+"$PY" -c 'import yaml' 2>/dev/null || skip "python3-yaml is not installed"
+# nbdsh and its nbd module need the system interpreter, not whatever
+# python3 comes first in PATH.
+nbdsh() { "$PY" -m nbd "$@"; }
 
 IMAGE=${CONTAINER_IMAGE:-localhost/blkd:latest}
 PODMAN=$TOP/deploy/podman.sh
@@ -111,14 +118,15 @@ echo "non-root: uid $uid in the container, $hostuid on the host, PID 1 is $comm"
 "$PODMAN" run --rm --no-healthcheck --network=host "$IMAGE" \
   blkperf --json -t STREAM_READ -l 2 "$URI" > "$TMP/blkperf.json" ||
   fail "blkperf in the image"
-/usr/bin/python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$TMP/blkperf.json" ||
+"$PY" -c 'import json,sys; json.load(open(sys.argv[1]))' "$TMP/blkperf.json" ||
   fail "blkperf --json printed no JSON: $(head -c 300 "$TMP/blkperf.json")"
 echo "blkperf from the image: $(head -c 200 "$TMP/blkperf.json")"
 
 # Graceful stop with an idle client connected: SIGTERM, drain, exit 0.
 nbdsh -u "$URI" -c 'import time; time.sleep(60)' >/dev/null 2>&1 &
 client=$!
-sleep 0.5
+sleep 1
+kill -0 "$client" 2>/dev/null || fail "the idle client did not stay connected"
 start=$(date +%s.%N)
 "$PODMAN" stop -t "$STOP_TIMEOUT" "$NAME" >/dev/null || fail "podman stop"
 took=$(echo "$(date +%s.%N) - $start" | bc)
@@ -145,5 +153,82 @@ size=$(nbdinfo --size "nbd://127.0.0.1:$NBD_PORT") || fail "nbdinfo (argument fo
 rc=$("$PODMAN" inspect -f '{{.State.ExitCode}}' "$NAME")
 [ "$rc" = 0 ] || fail "argument-form container exited $rc"
 echo "argument form: 64 MiB, TCP health check, exit 0"
+
+# --- TLS from a mounted BLKD_TLS_DIR: required, so plain NBD is refused ---
+need openssl
+tls=$TMP/tls
+mkdir -p "$tls"
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$tls/ca-key.pem" -out "$tls/ca-cert.pem" \
+  -days 2 -subj "/CN=blkd test CA" 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -keyout "$tls/server-key.pem" -out "$tls/server.csr" \
+  -subj "/CN=localhost" 2>/dev/null
+printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > "$tls/ext.cnf"
+openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca-cert.pem" -CAkey "$tls/ca-key.pem" \
+  -CAcreateserial -out "$tls/server-cert.pem" -days 2 -extfile "$tls/ext.cnf" 2>/dev/null ||
+  fail "openssl could not make a test certificate"
+chmod 0755 "$tls"; chmod 0644 "$tls"/*.pem     # readable by uid 10809 (test keys only)
+NBD_PORT=$(free_port)
+NAME=blkd-test-$$-c
+CONTAINERS+=("$NAME")
+"$PODMAN" run -d --name "$NAME" -e BLKD_METRICS=off -e BLKD_TLS_DIR=/etc/blkd/tls \
+  -v "$tls:/etc/blkd/tls:ro" -p "127.0.0.1:$NBD_PORT:10809" "$IMAGE" ram size=16M >/dev/null ||
+  fail "podman run (TLS)"
+wait_port "$NBD_PORT" 30
+size=$(nbdinfo --size "nbds://localhost:$NBD_PORT/?tls-certificates=$tls") ||
+  fail "nbdinfo over TLS"
+[ "$size" = 16777216 ] || fail "TLS export is $size bytes, want 16 MiB"
+if nbdinfo --size "nbd://127.0.0.1:$NBD_PORT" >/dev/null 2>&1; then
+  fail "plain NBD accepted although BLKD_TLS_DIR implies --tls=require"
+fi
+"$PODMAN" stop -t "$STOP_TIMEOUT" "$NAME" >/dev/null
+rc=$("$PODMAN" inspect -f '{{.State.ExitCode}}' "$NAME")
+[ "$rc" = 0 ] || fail "TLS container exited $rc"
+echo "TLS: BLKD_TLS_DIR served nbds://, refused plain NBD, exit 0"
+
+# --- the Kubernetes pod, approximated in podman: the ConfigMap's variables,
+# the init container's command, a read-only root, no capabilities, rawio
+# with direct=true on a volume owned by the pod's group ---
+"$PY" - "$TOP/deploy/k8s" "$TMP" <<'PYEOF' || fail "could not read the k8s manifests"
+import sys, yaml
+d, out = sys.argv[1], sys.argv[2]
+cm = yaml.safe_load(open(f"{d}/configmap.yaml"))
+with open(f"{out}/k8s.env", "w") as f:
+    for k, v in cm["data"].items():
+        f.write(f"{k}={v}\n")
+sts = yaml.safe_load(open(f"{d}/statefulset.yaml"))
+init = sts["spec"]["template"]["spec"]["initContainers"][0]
+open(f"{out}/init.cmd", "w").write(init["command"][-1])
+PYEOF
+data=$TOP/build/container/test-data-$$      # not /tmp: O_DIRECT needs a real filesystem
+rm -rf "$data"; mkdir -p "$data"; chown 10809:10809 "$data"
+trap 'rm -rf "$data"; ctr_cleanup' EXIT
+k8s_run=(--read-only --tmpfs /tmp --cap-drop=ALL --security-opt=no-new-privileges
+         --env-file "$TMP/k8s.env" -v "$data:/data")
+"$PODMAN" run --rm --no-healthcheck "${k8s_run[@]}" --entrypoint /bin/bash "$IMAGE" \
+  -c "$(cat "$TMP/init.cmd")" || fail "the StatefulSet's init container command failed"
+disk_size=$(sed -n 's/^BLKD_DISK_SIZE=//p' "$TMP/k8s.env")
+NBD_PORT=$(free_port); MET_PORT=$(free_port)
+NAME=blkd-test-$$-d
+CONTAINERS+=("$NAME")
+"$PODMAN" run -d --name "$NAME" "${k8s_run[@]}" \
+  -p "127.0.0.1:$NBD_PORT:10809" -p "127.0.0.1:$MET_PORT:9100" "$IMAGE" >/dev/null ||
+  fail "podman run (k8s pod settings)"
+wait_port "$NBD_PORT" 30
+"$PODMAN" logs "$NAME" 2>&1 | grep -v 'systemd connection' | sed 's/^/container: /'
+size=$(nbdinfo --size "nbd://127.0.0.1:$NBD_PORT") || fail "nbdinfo (k8s pod settings)"
+[ "$size" = "$(numfmt --from=iec "$disk_size")" ] || fail "rawio export is $size bytes, want $disk_size"
+nbdsh -u "nbd://127.0.0.1:$NBD_PORT" -c '
+import os
+buf = os.urandom(1 << 20)
+h.pwrite(buf, 4 << 20)
+h.flush()
+assert h.pread(1 << 20, 4 << 20) == buf, "read back differs"
+' || fail "write/read through rawio direct=true"
+curl -fsS "http://127.0.0.1:$MET_PORT/healthz" >/dev/null || fail "/healthz (k8s pod settings)"
+"$PODMAN" stop -t "$STOP_TIMEOUT" "$NAME" >/dev/null
+rc=$("$PODMAN" inspect -f '{{.State.ExitCode}}' "$NAME")
+[ "$rc" = 0 ] || fail "k8s-settings container exited $rc"
+[ "$(stat -c %s "$data/disk.img")" = "$size" ] || fail "disk.img is not on the volume"
+echo "k8s pod settings: rawio direct=true on a $disk_size volume, read-only root, exit 0"
 
 echo "container test: all checks passed"
