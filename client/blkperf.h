@@ -168,6 +168,8 @@ struct bp_metrics {
   double blkd_user_s, blkd_sys_s;   /* blkd_process_cpu_{user,system}_seconds_total */
   double node_user_s, node_sys_s, node_idle_s, node_total_s;  /* node_cpu_seconds_total */
   double delay_queued_s, delay_plugin_s, delay_send_s;        /* blkd_delay_* */
+  double requests;                  /* blkd_requests_total, all commands */
+  char delay_mode[16];              /* blkd_delayacct_info{mode=...} 1 */
 };
 
 /* Fetches URL (http://host[:port]/path) with HTTP/1.0; on failure m->ok is
@@ -186,6 +188,8 @@ struct bp_remote_acc {
   double user_s, sys_s; unsigned split_n;
   double node_user_s, node_sys_s, node_idle_s, node_total_s; unsigned node_n;
   double queued_s, plugin_s, send_s; unsigned delay_n;
+  double srv_requests; unsigned srv_req_n;   /* in windows with delay sums */
+  char delay_mode[16];
   const char *cpu_source;
 };
 bool bp_remote_accumulate (struct bp_remote_acc *acc, const struct bp_metrics *a,

@@ -288,6 +288,8 @@ bp_metrics_parse (const char *text, size_t len, struct bp_metrics *m)
   m->proc_cpu_s = m->blkd_user_s = m->blkd_sys_s = NAN;
   m->node_user_s = m->node_sys_s = m->node_idle_s = m->node_total_s = NAN;
   m->delay_queued_s = m->delay_plugin_s = m->delay_send_s = NAN;
+  m->requests = NAN;
+  m->delay_mode[0] = '\0';
 
   const char *p = text, *end = text + len;
   while (p < end) {
@@ -341,6 +343,10 @@ bp_metrics_parse (const char *text, size_t len, struct bp_metrics *m)
       bp_add (&m->delay_plugin_s, v);
     else if (BP_IS ("blkd_delay_send_seconds_total"))
       bp_add (&m->delay_send_s, v);
+    else if (BP_IS ("blkd_requests_total"))
+      bp_add (&m->requests, v);
+    else if (BP_IS ("blkd_delayacct_info") && lb && v == 1)
+      bp_label (lb, lblen, "mode", m->delay_mode, sizeof m->delay_mode);
     else if (BP_IS ("node_cpu_seconds_total") && lb) {
       /* node_exporter's machine-wide split, one series per CPU and mode. */
       char mode[32];
@@ -409,17 +415,28 @@ bp_remote_accumulate (struct bp_remote_acc *acc, const struct bp_metrics *a,
     acc->node_total_s += BP_D (node_total_s);
     acc->node_n++;
   }
-  if (BP_OK (delay_queued_s) || BP_OK (delay_plugin_s) || BP_OK (delay_send_s)) {
+  /* blkd exports a delay sum only once it is non-zero, so a sum missing
+   * from the first scrape but present in the second started at zero. */
+#define BP_OKZ(f) (!isnan (b->f) && (isnan (a->f) || b->f >= a->f))
+#define BP_DZ(f) (b->f - (isnan (a->f) ? 0 : a->f))
+  if (BP_OKZ (delay_queued_s) || BP_OKZ (delay_plugin_s) || BP_OKZ (delay_send_s)) {
     /* Each sum stands alone; one missing from any window turns NAN and
      * stays NAN, so the report says n/a rather than a partial sum. */
-    if (BP_OK (delay_queued_s)) acc->queued_s += BP_D (delay_queued_s);
-    else acc->queued_s = NAN;
-    if (BP_OK (delay_plugin_s)) acc->plugin_s += BP_D (delay_plugin_s);
-    else acc->plugin_s = NAN;
-    if (BP_OK (delay_send_s)) acc->send_s += BP_D (delay_send_s);
-    else acc->send_s = NAN;
+    acc->queued_s += BP_OKZ (delay_queued_s) ? BP_DZ (delay_queued_s) : NAN;
+    acc->plugin_s += BP_OKZ (delay_plugin_s) ? BP_DZ (delay_plugin_s) : NAN;
+    acc->send_s += BP_OKZ (delay_send_s) ? BP_DZ (delay_send_s) : NAN;
     acc->delay_n++;
+    /* The server's own request count is the right divisor for its sums:
+     * it covers exactly the requests the sums do, ours only nearly. */
+    if (BP_OKZ (requests)) {
+      acc->srv_requests += BP_DZ (requests);
+      acc->srv_req_n++;
+    }
   }
+#undef BP_OKZ
+#undef BP_DZ
+  if (b->delay_mode[0])
+    snprintf (acc->delay_mode, sizeof acc->delay_mode, "%s", b->delay_mode);
 #undef BP_D
 #undef BP_OK
   return true;

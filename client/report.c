@@ -250,12 +250,24 @@ bp_table_cpu (FILE *f, const struct bp_opts *o, const struct bp_result *r)
     bp_cpu_row (f, "Remote", &rv, "not measured (-M)");
 }
 
+/* Per-request divisor for the server's delay sums: its own count when it
+ * exported one in every window, else the requests blkperf counted. */
+static double
+bp_delay_divisor (const struct bp_result *r)
+{
+  const struct bp_remote_acc *m = &r->remote;
+  if (m->srv_req_n && m->srv_req_n == m->delay_n)
+    return m->srv_requests;
+  return (double) r->remote_requests;
+}
+
 static void
 bp_table_delay (FILE *f, const struct bp_result *r)
 {
   const struct bp_remote_acc *m = &r->remote;
-  double nreq = (double) r->remote_requests;
-  fprintf (f, "Server delay accounting, us per request:   queued ");
+  double nreq = bp_delay_divisor (r);
+  fprintf (f, "Server delay accounting%s%s%s, us per request:   queued ",
+           m->delay_mode[0] ? " (" : "", m->delay_mode, m->delay_mode[0] ? ")" : "");
   bp_num (f, 0, 2, m->delay_n ? bp_div (m->queued_s * 1e6, nreq) : NAN);
   fputs ("   plugin ", f);
   bp_num (f, 0, 2, m->delay_n ? bp_div (m->plugin_s * 1e6, nreq) : NAN);
@@ -441,12 +453,15 @@ bp_json_run (FILE *f, const struct bp_opts *o, const struct bp_result *r)
   bp_jcpu (f, &rv, false, r, r->remote.cpu_source);
   fputs ("}, \"delay_us_per_req\": ", f);
   if (r->remote.delay_n) {
-    double nreq = (double) r->remote_requests;
+    double nreq = bp_delay_divisor (r);
     sep = "";
     fputc ('{', f);
     bp_jkv (f, &sep, "queued", bp_div (r->remote.queued_s * 1e6, nreq));
     bp_jkv (f, &sep, "plugin", bp_div (r->remote.plugin_s * 1e6, nreq));
     bp_jkv (f, &sep, "send", bp_div (r->remote.send_s * 1e6, nreq));
+    bp_jkv (f, &sep, "server_requests", r->remote.srv_req_n ? r->remote.srv_requests : NAN);
+    fputs (", \"mode\": ", f);
+    if (r->remote.delay_mode[0]) bp_jstr (f, r->remote.delay_mode); else fputs ("null", f);
     fputc ('}', f);
   }
   else
