@@ -1,0 +1,810 @@
+/* TLS: the OpenSSL context built at start-up (X.509 certificates and/or
+ * psktool pre-shared keys), the STARTTLS switch of one connection, and the
+ * record layer that conn.c's reads and gathered writes go through once a
+ * session is up.
+ *
+ * conn.c knows only c->tls (NULL in clear: one pointer test on the hot
+ * path), c->starttls_pending and the CONN_TLS_HANDSHAKE phase; everything
+ * OpenSSL is here.  All of it runs on the connection's shard thread.
+ *
+ * Writes: OpenSSL turns every SSL_write into at least one record and one
+ * write(2), so an 8-byte iovec written on its own costs a whole record
+ * (~22 bytes of framing, an AEAD seal) and a syscall.  tls_sendv therefore
+ * copies small pieces (reply headers, short payloads, several small replies
+ * in a row) into a 16 KiB staging buffer and seals them as one record, and
+ * writes large payload spans straight from the pooled buffer, one full
+ * record per SSL_write.  A payload byte is thus copied once (sealed from the
+ * pool buffer into OpenSSL's record buffer), or twice when it shares a
+ * record with small pieces (at most 16 KiB per reply). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+
+#include "internal.h"
+
+#define TLS_RECORD   SSL3_RT_MAX_PLAIN_LENGTH   /* 16 KiB of plaintext */
+/* With read-ahead, OpenSSL reads this much per read(2), several records. */
+#define TLS_READ_BUF (4 * (SSL3_RT_MAX_PLAIN_LENGTH + SSL3_RT_MAX_ENCRYPTED_OVERHEAD \
+                           + SSL3_RT_HEADER_LENGTH))
+
+/* One connection's session.  c->tls points here. */
+struct tls_conn {
+  SSL *ssl;
+  const char *psk_identity;       /* the PSK identity the client used, if any */
+  bool psk_unknown;               /* the client offered an identity we lack */
+  char unknown_id[64];            /* ... this one (printable, truncated) */
+  bool up;                        /* handshake finished */
+  bool read_wants_write;          /* SSL_read needs the socket writable */
+  uint8_t stage[TLS_RECORD];      /* small pieces gathered into one record */
+};
+
+struct psk_entry {
+  char *identity;
+  unsigned char *key;
+  size_t keylen;
+};
+
+static SSL_CTX *ctx;
+static struct psk_entry *psks;
+static size_t npsks;
+static bool have_certs;
+static bool ktls_kernel;          /* the kernel accepted TCP_ULP "tls" */
+
+/* ---- start-up -------------------------------------------------------- */
+
+/* The first queued OpenSSL error as text (for start-up messages). */
+static const char *
+ssl_error_text (void)
+{
+  static char buf[256];
+  unsigned long e = ERR_get_error ();
+  if (e == 0)
+    return "unknown error";
+  ERR_error_string_n (e, buf, sizeof buf);
+  ERR_clear_error ();
+  return buf;
+}
+
+static int
+hexval (int ch)
+{
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+
+/* psktool's format: one "identity:hexkey" per line. */
+static int
+load_psk_file (const char *path)
+{
+  FILE *f = fopen (path, "r");
+  if (!f) {
+    fprintf (stderr, "blkd: --tls-psk: cannot open %s: %m\n", path);
+    return -1;
+  }
+  struct stat st;
+  if (fstat (fileno (f), &st) == 0 && (st.st_mode & 077))
+    fprintf (stderr, "blkd: warning: --tls-psk: %s is readable by group or others "
+             "(mode %03o); the keys in it are secrets\n", path, st.st_mode & 0777);
+
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t len;
+  unsigned lineno = 0;
+  int r = 0;
+  while (r == 0 && (len = getline (&line, &cap, f)) != -1) {
+    lineno++;
+    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+      line[--len] = '\0';
+    if (len == 0 || line[0] == '#')
+      continue;
+    char *colon = strchr (line, ':');
+    if (!colon || colon == line) {
+      fprintf (stderr, "blkd: --tls-psk: %s:%u: expected \"username:hexkey\"\n", path, lineno);
+      r = -1;
+      break;
+    }
+    *colon = '\0';
+    const char *hex = colon + 1;
+    size_t hl = strlen (hex);
+    if (hl == 0 || hl % 2 || hl / 2 > PSK_MAX_PSK_LEN) {
+      fprintf (stderr, "blkd: --tls-psk: %s:%u: key for \"%s\" must be 1 to %d bytes "
+               "of hex digits\n", path, lineno, line, PSK_MAX_PSK_LEN);
+      r = -1;
+      break;
+    }
+    struct psk_entry e = { .identity = strdup (line), .key = malloc (hl / 2), .keylen = hl / 2 };
+    struct psk_entry *nv = realloc (psks, (npsks + 1) * sizeof *psks);
+    if (!e.identity || !e.key || !nv) {
+      free (e.identity);
+      free (e.key);
+      if (nv)
+        psks = nv;
+      fprintf (stderr, "blkd: --tls-psk: out of memory\n");
+      r = -1;
+      break;
+    }
+    psks = nv;
+    for (size_t i = 0; i < e.keylen; i++) {
+      int hi = hexval (hex[2 * i]), lo = hexval (hex[2 * i + 1]);
+      if (hi < 0 || lo < 0) {
+        fprintf (stderr, "blkd: --tls-psk: %s:%u: key for \"%s\" is not hex\n",
+                 path, lineno, line);
+        r = -1;
+        break;
+      }
+      e.key[i] = hi << 4 | lo;
+    }
+    psks[npsks++] = e;            /* freed by tls_cleanup even on error */
+  }
+  free (line);
+  fclose (f);
+  if (r == 0 && npsks == 0) {
+    fprintf (stderr, "blkd: --tls-psk: %s has no keys\n", path);
+    r = -1;
+  }
+  return r;
+}
+
+/* Remember an identity we do not know, for the failure log line. */
+static void
+note_unknown (struct tls_conn *t, const void *id, size_t len)
+{
+  const unsigned char *p = id;
+  size_t n = len < sizeof t->unknown_id - 1 ? len : sizeof t->unknown_id - 1;
+  for (size_t i = 0; i < n; i++)
+    t->unknown_id[i] = p[i] >= 0x20 && p[i] < 0x7f && p[i] != '"' ? p[i] : '?';
+  t->unknown_id[n] = '\0';
+  t->psk_unknown = true;
+}
+
+static const struct psk_entry *
+psk_lookup (const void *id, size_t len)
+{
+  for (size_t i = 0; i < npsks; i++)
+    if (strlen (psks[i].identity) == len && memcmp (psks[i].identity, id, len) == 0)
+      return &psks[i];
+  return NULL;
+}
+
+/* TLS 1.3 external PSK.  GnuTLS clients (libnbd, qemu) send the psktool
+ * username as the identity and compute the binder with SHA-256, so the
+ * session we hand back is tied to a SHA-256 suite; OpenSSL then picks
+ * TLS_AES_128_GCM_SHA256 or TLS_CHACHA20_POLY1305_SHA256, with (EC)DHE
+ * when the client offers psk_dhe_ke (GnuTLS does by default). */
+static int
+psk_find_session (SSL *ssl, const unsigned char *id, size_t idlen, SSL_SESSION **sess)
+{
+  static const unsigned char aes128gcmsha256[] = { 0x13, 0x01 };
+  struct conn *c = SSL_get_app_data (ssl);
+  struct tls_conn *t = c->tls;
+  const struct psk_entry *p = psk_lookup (id, idlen);
+
+  *sess = NULL;
+  if (!p) {
+    note_unknown (t, id, idlen);
+    return 1;                       /* no PSK: a certificate handshake may follow */
+  }
+  const SSL_CIPHER *cipher = SSL_CIPHER_find (ssl, aes128gcmsha256);
+  SSL_SESSION *s = SSL_SESSION_new ();
+  if (!cipher || !s || !SSL_SESSION_set1_master_key (s, p->key, p->keylen)
+      || !SSL_SESSION_set_cipher (s, cipher)
+      || !SSL_SESSION_set_protocol_version (s, TLS1_3_VERSION)) {
+    SSL_SESSION_free (s);
+    return 0;
+  }
+  t->psk_identity = p->identity;
+  *sess = s;
+  return 1;
+}
+
+/* TLS 1.2 PSK suites (PSK, DHE-PSK, ECDHE-PSK). */
+static unsigned int
+psk_server_cb (SSL *ssl, const char *identity, unsigned char *psk, unsigned int max)
+{
+  struct conn *c = SSL_get_app_data (ssl);
+  struct tls_conn *t = c->tls;
+  const struct psk_entry *p = identity ? psk_lookup (identity, strlen (identity)) : NULL;
+  if (!p || p->keylen > max) {
+    note_unknown (t, identity ? identity : "", identity ? strlen (identity) : 0);
+    return 0;
+  }
+  memcpy (psk, p->key, p->keylen);
+  t->psk_identity = p->identity;
+  return p->keylen;
+}
+
+static int
+need_file (const char *dir, const char *name, char *path, size_t size, bool required)
+{
+  snprintf (path, size, "%s/%s", dir, name);
+  if (access (path, R_OK) == 0)
+    return 1;
+  if (required || errno != ENOENT) {
+    fprintf (stderr, "blkd: --tls-certificates: cannot read %s: %m\n", path);
+    return -1;
+  }
+  return 0;
+}
+
+static void
+warn_validity (X509 *cert, const char *path)
+{
+  const ASN1_TIME *na = X509_get0_notAfter (cert), *nb = X509_get0_notBefore (cert);
+  char when[64] = "?";
+  BIO *b = BIO_new (BIO_s_mem ());
+  if (X509_cmp_current_time (na) < 0) {
+    int k = b && ASN1_TIME_print (b, na) > 0 ? BIO_read (b, when, sizeof when - 1) : 0;
+    if (k > 0)
+      when[k] = '\0';
+    fprintf (stderr, "blkd: warning: server certificate %s expired (not after %s): "
+             "clients that check certificates will refuse it\n", path, when);
+  }
+  else if (X509_cmp_current_time (nb) > 0)
+    fprintf (stderr, "blkd: warning: server certificate %s is not valid yet: "
+             "clients that check certificates will refuse it\n", path);
+  BIO_free (b);
+}
+
+static int
+load_certificates (const char *dir)
+{
+  char path[4096];
+  int r;
+
+  if ((r = need_file (dir, "server-cert.pem", path, sizeof path, true)) < 0)
+    return -1;
+  if (SSL_CTX_use_certificate_chain_file (ctx, path) != 1) {
+    fprintf (stderr, "blkd: --tls-certificates: %s: %s\n", path, ssl_error_text ());
+    return -1;
+  }
+  warn_validity (SSL_CTX_get0_certificate (ctx), path);
+
+  if ((r = need_file (dir, "server-key.pem", path, sizeof path, true)) < 0)
+    return -1;
+  if (SSL_CTX_use_PrivateKey_file (ctx, path, SSL_FILETYPE_PEM) != 1) {
+    unsigned long e = ERR_peek_last_error ();
+    if (ERR_GET_LIB (e) == ERR_LIB_X509 && (ERR_GET_REASON (e) == X509_R_KEY_VALUES_MISMATCH
+                                            || ERR_GET_REASON (e) == X509_R_KEY_TYPE_MISMATCH))
+      fprintf (stderr, "blkd: --tls-certificates: %s does not match server-cert.pem: %s\n",
+               path, ssl_error_text ());
+    else
+      fprintf (stderr, "blkd: --tls-certificates: %s: %s\n", path, ssl_error_text ());
+    return -1;
+  }
+  if (SSL_CTX_check_private_key (ctx) != 1) {
+    fprintf (stderr, "blkd: --tls-certificates: %s does not match server-cert.pem: %s\n",
+             path, ssl_error_text ());
+    return -1;
+  }
+
+  /* ca-cert.pem: the CA client certificates must chain to.  Needed only
+   * with --tls-verify-peer (nbdkit's layout always has it). */
+  if ((r = need_file (dir, "ca-cert.pem", path, sizeof path, cfg.tls_verify_peer)) < 0)
+    return -1;
+  if (r == 1 && cfg.tls_verify_peer) {
+    STACK_OF (X509_NAME) *names = SSL_load_client_CA_file (path);
+    if (SSL_CTX_load_verify_locations (ctx, path, NULL) != 1 || !names) {
+      fprintf (stderr, "blkd: --tls-certificates: %s: %s\n", path, ssl_error_text ());
+      sk_X509_NAME_pop_free (names, X509_NAME_free);
+      return -1;
+    }
+    SSL_CTX_set_client_CA_list (ctx, names);
+  }
+  /* ca-crl.pem (optional, as in nbdkit): revoked client certificates. */
+  if (cfg.tls_verify_peer
+      && (r = need_file (dir, "ca-crl.pem", path, sizeof path, false)) != 0) {
+    X509_STORE *store = SSL_CTX_get_cert_store (ctx);
+    if (r < 0 || X509_STORE_load_file (store, path) != 1) {
+      fprintf (stderr, "blkd: --tls-certificates: %s: %s\n", path,
+               r < 0 ? "unreadable" : ssl_error_text ());
+      return -1;
+    }
+    X509_STORE_set_flags (store, X509_V_FLAG_CRL_CHECK);
+  }
+  have_certs = true;
+  return 0;
+}
+
+/* Can this kernel do TLS records itself?  TCP_ULP "tls" on a connected
+ * loopback socket is the real test (tcp_available_ulp only lists loaded
+ * modules, and the module may load on demand). */
+static bool
+probe_ktls (void)
+{
+#ifdef TCP_ULP
+  struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl (INADDR_LOOPBACK) };
+  socklen_t al = sizeof a;
+  bool ok = false;
+  int l = socket (AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int s = socket (AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (l >= 0 && s >= 0 && bind (l, (struct sockaddr *) &a, sizeof a) == 0
+      && listen (l, 1) == 0 && getsockname (l, (struct sockaddr *) &a, &al) == 0
+      && connect (s, (struct sockaddr *) &a, sizeof a) == 0)
+    ok = setsockopt (s, SOL_TCP, TCP_ULP, "tls", sizeof "tls") == 0;
+  if (l >= 0)
+    close (l);
+  if (s >= 0)
+    close (s);
+  return ok;
+#else
+  return false;
+#endif
+}
+
+int
+tls_setup (void)
+{
+  if (!cfg.tls_certificates && !cfg.tls_psk) {
+    fprintf (stderr, "blkd: --tls=%s needs --tls-certificates=DIR or --tls-psk=FILE\n",
+             cfg.tls == TLS_REQUIRE ? "require" : "on");
+    return -1;
+  }
+  if (cfg.tls_verify_peer && !cfg.tls_certificates) {
+    fprintf (stderr, "blkd: --tls-verify-peer needs --tls-certificates=DIR (the CA)\n");
+    return -1;
+  }
+
+  ctx = SSL_CTX_new (TLS_server_method ());
+  if (!ctx) {
+    fprintf (stderr, "blkd: TLS: cannot create the OpenSSL context: %s\n", ssl_error_text ());
+    return -1;
+  }
+  SSL_CTX_set_min_proto_version (ctx, TLS1_2_VERSION);
+  SSL_CTX_set_max_proto_version (ctx, TLS1_3_VERSION);
+  /* No renegotiation (TLS 1.2), no resumption state kept between
+   * connections (NBD clients connect once per use), and a client that
+   * hangs up without close_notify is an ordinary EOF, as in clear. */
+  SSL_CTX_set_options (ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE
+                       | SSL_OP_NO_TICKET | SSL_OP_IGNORE_UNEXPECTED_EOF
+                       | SSL_OP_NO_COMPRESSION);
+  SSL_CTX_set_session_cache_mode (ctx, SSL_SESS_CACHE_OFF);
+  SSL_CTX_set_num_tickets (ctx, 0);
+  static const unsigned char sid_ctx[] = "blkd";
+  SSL_CTX_set_session_id_context (ctx, sid_ctx, sizeof sid_ctx - 1);
+  /* Partial writes: SSL_write returns after each record, so conn.c learns
+   * exactly how many plaintext bytes went out.  Moving buffer: a retry
+   * after WANT_WRITE may come from the staging buffer or the pool buffer
+   * holding the same bytes. */
+  SSL_CTX_set_mode (ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+
+  /* AEAD suites only.  TLS 1.2 also gets the PSK suites GnuTLS offers
+   * (ECDHE-PSK with ChaCha20, DHE-PSK and plain PSK with AES-GCM). */
+  if (SSL_CTX_set_cipher_list (ctx,
+        "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20"
+        ":ECDHE-PSK-CHACHA20-POLY1305:DHE-PSK-AES128-GCM-SHA256:DHE-PSK-AES256-GCM-SHA384"
+        ":DHE-PSK-CHACHA20-POLY1305:PSK-AES128-GCM-SHA256:PSK-AES256-GCM-SHA384"
+        ":PSK-CHACHA20-POLY1305:!aNULL:!eNULL") != 1) {
+    fprintf (stderr, "blkd: TLS: cipher list: %s\n", ssl_error_text ());
+    return -1;
+  }
+  SSL_CTX_set_dh_auto (ctx, 1);
+  /* TLS 1.3: AES-GCM ahead of ChaCha20 (AES-NI).  OpenSSL picks the suite
+   * before it looks at the client's PSK, and drops a PSK whose hash differs
+   * from the suite's; GnuTLS binds external PSKs to SHA-256.  So with
+   * --tls-psk the SHA-256 suites come first, or a PSK client would be sent
+   * down the certificate path (GnuTLS: "Insufficient credentials"). */
+  if (SSL_CTX_set_ciphersuites (ctx, cfg.tls_psk
+        ? "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_256_GCM_SHA384"
+        : "TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256") != 1) {
+    fprintf (stderr, "blkd: TLS: cipher suites: %s\n", ssl_error_text ());
+    return -1;
+  }
+
+  if (cfg.tls_certificates && load_certificates (cfg.tls_certificates) == -1)
+    return -1;
+  if (cfg.tls_psk) {
+    if (load_psk_file (cfg.tls_psk) == -1)
+      return -1;
+    SSL_CTX_set_psk_find_session_callback (ctx, psk_find_session);
+    SSL_CTX_set_psk_server_callback (ctx, psk_server_cb);
+  }
+  if (cfg.tls_verify_peer)
+    SSL_CTX_set_verify (ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+
+  /* Kernel TLS when the kernel has it; otherwise read several records per
+   * read(2) (read-ahead, which kTLS receive would not allow). */
+  ktls_kernel = probe_ktls ();
+  if (ktls_kernel)
+    SSL_CTX_set_options (ctx, SSL_OP_ENABLE_KTLS);
+  else {
+    SSL_CTX_set_read_ahead (ctx, 1);
+    SSL_CTX_set_default_read_buffer_len (ctx, TLS_READ_BUF);
+  }
+
+  fprintf (stderr, "blkd: TLS %s: TLS 1.2-1.3 with %s%s%s%s; %s\n",
+           cfg.tls == TLS_REQUIRE ? "required" : "offered",
+           have_certs ? "X.509 certificates from " : "",
+           have_certs ? cfg.tls_certificates : "",
+           have_certs && npsks ? " and " : "",
+           npsks ? "pre-shared keys" : "",
+           ktls_kernel ? "kernel TLS available (used per connection when the suite allows)"
+                       : "kernel TLS unavailable (no tls ULP): records sealed in user space");
+  if (cfg.tls_verify_peer)
+    fprintf (stderr, "blkd: TLS: client certificates must chain to %s/ca-cert.pem\n",
+             cfg.tls_certificates);
+  return 0;
+}
+
+void
+tls_cleanup (void)
+{
+  SSL_CTX_free (ctx);
+  ctx = NULL;
+  for (size_t i = 0; i < npsks; i++) {
+    OPENSSL_cleanse (psks[i].key, psks[i].keylen);
+    free (psks[i].key);
+    free (psks[i].identity);
+  }
+  free (psks);
+  psks = NULL;
+  npsks = 0;
+}
+
+/* ---- per connection -------------------------------------------------- */
+
+int
+tls_start (struct conn *c)
+{
+  struct tls_conn *t = calloc (1, sizeof *t);
+  if (!t)
+    return -1;
+  t->ssl = SSL_new (ctx);
+  if (!t->ssl || SSL_set_fd (t->ssl, c->fd) != 1) {
+    log_error ("TLS: cannot create a session: %s", ssl_error_text ());
+    SSL_free (t->ssl);
+    free (t);
+    return -1;
+  }
+  SSL_set_app_data (t->ssl, c);
+  SSL_set_accept_state (t->ssl);
+  c->tls = t;
+  return 0;
+}
+
+void
+tls_free (struct conn *c)
+{
+  struct tls_conn *t = c->tls;
+  if (!t)
+    return;
+  /* close_notify, best effort: never wait for the socket. */
+  if (t->up && c->fd >= 0) {
+    ERR_clear_error ();
+    SSL_shutdown (t->ssl);
+  }
+  SSL_free (t->ssl);
+  ERR_clear_error ();
+  OPENSSL_cleanse (t->stage, sizeof t->stage);
+  free (t);
+  c->tls = NULL;
+}
+
+/* Why a handshake failed, in words an operator can act on. */
+static void
+log_handshake_failure (struct conn *c, int sslerr)
+{
+  struct tls_conn *t = c->tls;
+  unsigned long e = ERR_peek_last_error ();
+  int reason = ERR_GET_REASON (e);
+  char what[256] = "";
+
+  if (e)
+    ERR_error_string_n (e, what, sizeof what);
+  ERR_clear_error ();
+
+  if (t->psk_unknown && !t->psk_identity) {
+    log_error ("TLS handshake failed: unknown PSK identity \"%s\"", t->unknown_id);
+    return;
+  }
+  if (sslerr == SSL_ERROR_SYSCALL && e == 0) {
+    if (errno == 0 || errno == ECONNRESET || errno == EPIPE)
+      log_error ("TLS handshake failed: client closed the connection%s",
+                 have_certs ? " (did it reject our certificate?)" : "");
+    else
+      log_error ("TLS handshake failed: %m");
+    return;
+  }
+  switch (reason) {
+  case SSL_R_WRONG_VERSION_NUMBER:
+  case SSL_R_HTTP_REQUEST:
+  case SSL_R_UNKNOWN_PROTOCOL:
+  case SSL_R_PACKET_LENGTH_TOO_LONG:
+  case SSL_R_RECORD_LENGTH_MISMATCH:
+  case SSL_R_UNEXPECTED_RECORD:
+  case SSL_R_UNEXPECTED_EOF_WHILE_READING:
+    if (reason == SSL_R_UNEXPECTED_EOF_WHILE_READING)
+      log_error ("TLS handshake failed: client closed the connection%s",
+                 have_certs ? " (did it reject our certificate?)" : "");
+    else
+      log_error ("TLS handshake failed: client did not send TLS after STARTTLS "
+                 "(plaintext?): %s", what);
+    return;
+  case SSL_R_UNSUPPORTED_PROTOCOL:
+  case SSL_R_VERSION_TOO_LOW:
+    log_error ("TLS handshake failed: the client's TLS version is too old "
+               "(TLS 1.2 or 1.3 needed): %s", what);
+    return;
+  case SSL_R_BINDER_DOES_NOT_VERIFY:
+    log_error ("TLS handshake failed: wrong pre-shared key for PSK identity \"%s\"",
+               t->psk_identity ? t->psk_identity : "?");
+    return;
+  case SSL_R_DECRYPTION_FAILED_OR_BAD_RECORD_MAC:
+    if (t->psk_identity) {
+      log_error ("TLS handshake failed: wrong pre-shared key for PSK identity \"%s\"",
+                 t->psk_identity);
+      return;
+    }
+    break;
+  case SSL_R_PSK_IDENTITY_NOT_FOUND:
+    log_error ("TLS handshake failed: unknown PSK identity");
+    return;
+  case SSL_R_CERTIFICATE_VERIFY_FAILED: {
+    long v = SSL_get_verify_result (t->ssl);
+    log_error ("TLS handshake failed: client certificate rejected: %s",
+               X509_verify_cert_error_string (v));
+    return;
+  }
+  case SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE:
+    log_error ("TLS handshake failed: client sent no certificate "
+               "(--tls-verify-peer requires one)");
+    return;
+  case SSL_R_NO_SHARED_CIPHER:
+  case SSL_R_NO_SUITABLE_SIGNATURE_ALGORITHM:
+    log_error ("TLS handshake failed: no cipher suite in common%s: %s",
+               t->psk_unknown ? " (the client's PSK identity is unknown here)"
+               : !have_certs ? " (PSK only here: the client offered no PSK)" : "", what);
+    return;
+  default:
+    break;
+  }
+  /* The client's own complaint arrives as an alert. */
+  if (reason >= SSL_AD_REASON_OFFSET && reason < SSL_AD_REASON_OFFSET + 256) {
+    int alert = reason - SSL_AD_REASON_OFFSET;
+    const char *hint = "";
+    if (alert == SSL_AD_UNKNOWN_CA || alert == SSL_AD_BAD_CERTIFICATE
+        || alert == SSL_AD_CERTIFICATE_EXPIRED || alert == SSL_AD_CERTIFICATE_UNKNOWN
+        || alert == SSL_AD_UNSUPPORTED_CERTIFICATE || alert == SSL_AD_CERTIFICATE_REVOKED)
+      hint = ": the client rejected our certificate";
+    else if (alert == SSL_AD_DECRYPT_ERROR && t->psk_identity)
+      hint = ": wrong pre-shared key?";
+    else if (alert == SSL_AD_UNKNOWN_PSK_IDENTITY)
+      hint = ": the client does not know our PSK identity";
+    log_error ("TLS handshake failed: client sent alert \"%s\"%s",
+               SSL_alert_desc_string_long (alert), hint);
+    return;
+  }
+  log_error ("TLS handshake failed: %s%s", what[0] ? what : "unknown error",
+             t->psk_unknown ? " (the client's PSK identity is unknown here)" : "");
+}
+
+static void
+handshake_done (struct conn *c)
+{
+  struct tls_conn *t = c->tls;
+  t->up = true;
+  c->phase = CONN_HS_OPTIONS;
+  c->pc.ctx.is_tls = true;
+  if (log_verbose) {
+    X509 *peer = SSL_get0_peer_certificate (t->ssl);
+    char subject[256] = "";
+    if (peer)
+      X509_NAME_oneline (X509_get_subject_name (peer), subject, sizeof subject);
+    bool ks = BIO_get_ktls_send (SSL_get_wbio (t->ssl));
+    bool kr = BIO_get_ktls_recv (SSL_get_rbio (t->ssl));
+    log_debug ("TLS up: %s %s%s%s%s%s; records: send %s, receive %s",
+               SSL_get_version (t->ssl), SSL_get_cipher_name (t->ssl),
+               t->psk_identity ? ", PSK identity " : "",
+               t->psk_identity ? t->psk_identity : "",
+               peer ? ", client certificate " : "", subject,
+               ks ? "kernel" : "user space", kr ? "kernel" : "user space");
+  }
+  /* The client may have sent options right behind its Finished, already
+   * read into OpenSSL's buffer where the socket will not announce them. */
+  event_active (c->ev_read, EV_READ, 1);
+}
+
+/* Drive SSL_accept: 1 done, 0 waiting for the socket, -1 failed (logged). */
+static int
+tls_handshake_step (struct conn *c)
+{
+  struct tls_conn *t = c->tls;
+  if (c->starttls_pending)
+    return 0;                       /* the ACK is not out yet */
+  ERR_clear_error ();
+  errno = 0;
+  int r = SSL_accept (t->ssl);
+  if (r == 1) {
+    handshake_done (c);
+    return 1;
+  }
+  int e = SSL_get_error (t->ssl, r);
+  if (e == SSL_ERROR_WANT_READ)
+    return 0;
+  if (e == SSL_ERROR_WANT_WRITE) {
+    event_add (c->ev_write, NULL);
+    return 0;
+  }
+  log_handshake_failure (c, e);
+  return -1;
+}
+
+/* The clear-text output (STARTTLS's ACK, or everything) has been sent. */
+int
+tls_flushed (struct conn *c)
+{
+  struct tls_conn *t = c->tls;
+  if (c->starttls_pending) {
+    c->starttls_pending = false;
+    if (!c->read_paused)
+      event_add (c->ev_read, NULL);
+    log_debug ("STARTTLS acknowledged: TLS handshake");
+  }
+  if (t->read_wants_write) {
+    t->read_wants_write = false;
+    event_active (c->ev_read, EV_READ, 1);
+  }
+  if (c->phase == CONN_TLS_HANDSHAKE) {
+    int r = tls_handshake_step (c);
+    if (r == -1)
+      return -1;
+    /* WANT_WRITE already armed ev_write; conn_flush must not disarm it. */
+    if (r == 0 && SSL_want_write (t->ssl))
+      return 1;
+  }
+  return 0;
+}
+
+bool
+tls_pending (struct conn *c)
+{
+  struct tls_conn *t = c->tls;
+  return t && SSL_has_pending (t->ssl);
+}
+
+ssize_t
+tls_recv (struct conn *c, void *buf, size_t len)
+{
+  struct tls_conn *t = c->tls;
+  size_t got;
+
+  if (c->phase == CONN_TLS_HANDSHAKE) {
+    if (c->starttls_pending) {
+      /* The ACK is still queued: the next bytes belong to the handshake,
+       * so leave them in the socket (and stop epoll reporting them). */
+      event_del (c->ev_read);
+      errno = EAGAIN;
+      return -1;
+    }
+    int r = tls_handshake_step (c);
+    if (r <= 0) {
+      errno = r == 0 ? EAGAIN : EPROTO;
+      return -1;
+    }
+  }
+  ERR_clear_error ();
+  errno = 0;
+  if (SSL_read_ex (t->ssl, buf, len, &got) == 1)
+    return got;
+  int e = SSL_get_error (t->ssl, 0);
+  switch (e) {
+  case SSL_ERROR_WANT_READ:
+    errno = EAGAIN;
+    return -1;
+  case SSL_ERROR_WANT_WRITE:        /* e.g. answering a KeyUpdate */
+    t->read_wants_write = true;
+    event_add (c->ev_write, NULL);
+    errno = EAGAIN;
+    return -1;
+  case SSL_ERROR_ZERO_RETURN:
+    return 0;
+  case SSL_ERROR_SYSCALL:
+    if (errno == 0)
+      return 0;
+    return -1;
+  default: {
+    char what[256] = "";
+    ERR_error_string_n (ERR_peek_last_error (), what, sizeof what);
+    ERR_clear_error ();
+    log_error ("TLS receive failed: %s", what);
+    errno = EPROTO;
+    return -1;
+  }
+  }
+}
+
+/* Write what iov[0..n) holds as TLS records; returns the plaintext bytes
+ * consumed, or -1 with errno (EAGAIN: nothing could be written).
+ *
+ * After WANT_WRITE OpenSSL holds a sealed record and must be called again
+ * with the same plaintext from the same position.  That holds because we
+ * report those bytes as not consumed, so the next call starts at the same
+ * place, and the choice between staging and writing in place depends only
+ * on the bytes from that place onwards (later calls may have more queued
+ * behind them, which only makes the retry longer, as OpenSSL allows). */
+ssize_t
+tls_sendv (struct conn *c, const struct iovec *iov, int n)
+{
+  struct tls_conn *t = c->tls;
+  size_t total = 0, off = 0;
+  int i = 0;
+
+  for (;;) {
+    while (i < n && off == iov[i].iov_len) {
+      i++;
+      off = 0;
+    }
+    if (i == n)
+      return total;
+
+    const void *p;
+    size_t len;
+    if (iov[i].iov_len - off >= TLS_RECORD) {
+      /* A large payload: seal it in place, one full record per call. */
+      p = (const char *) iov[i].iov_base + off;
+      len = iov[i].iov_len - off;
+    }
+    else {
+      /* Gather small pieces (and the start of a following payload) into
+       * one full record. */
+      size_t s = 0, o = off;
+      for (int j = i; j < n && s < TLS_RECORD; j++, o = 0) {
+        size_t k = iov[j].iov_len - o;
+        if (k > TLS_RECORD - s)
+          k = TLS_RECORD - s;
+        memcpy (t->stage + s, (const char *) iov[j].iov_base + o, k);
+        s += k;
+      }
+      p = t->stage;
+      len = s;
+    }
+
+    size_t w;
+    ERR_clear_error ();
+    errno = 0;
+    if (SSL_write_ex (t->ssl, p, len, &w) != 1) {
+      int e = SSL_get_error (t->ssl, 0);
+      if (e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ) {
+        if (total > 0)
+          return total;
+        errno = EAGAIN;
+        return -1;
+      }
+      if (e == SSL_ERROR_SYSCALL && errno != 0)
+        return -1;                  /* EPIPE, ECONNRESET: conn.c decides */
+      char what[256] = "";
+      ERR_error_string_n (ERR_peek_last_error (), what, sizeof what);
+      ERR_clear_error ();
+      log_error ("TLS send failed: %s", what[0] ? what : "connection closed");
+      errno = EPIPE;
+      return -1;
+    }
+    total += w;
+    /* Advance (i, off) past the w bytes just sealed. */
+    while (w > 0) {
+      size_t k = iov[i].iov_len - off;
+      if (w < k) {
+        off += w;
+        w = 0;
+      }
+      else {
+        w -= k;
+        i++;
+        off = 0;
+      }
+    }
+  }
+}
