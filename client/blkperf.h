@@ -43,6 +43,7 @@ struct bp_opts {
   enum bp_test test;
   bool compare;
   const char *uri[2];            /* A (and B in compare mode) */
+  char *uri_owned[2];            /* rewritten for TLS, freed at exit */
   double duration_s;             /* -l, used when nrequests == 0 */
   uint64_t nrequests;            /* -n, total over all connections */
   uint64_t bs;                   /* -b */
@@ -58,6 +59,7 @@ struct bp_opts {
   uint64_t seed;                 /* -s */
   uint64_t span, offset;         /* --span, --offset; span 0 = default */
   unsigned read_pct;             /* --rw-mix */
+  bool prefill;                  /* --prefill (always on for SEQ_REWRITE) */
   bool quiet;                    /* no progress line */
   /* TLS, applied to every handle before nbd_connect_uri. */
   const char *tls_certificates, *tls_psk, *tls_username;

@@ -62,26 +62,27 @@ main (int argc, char **argv)
 
   unsigned nt = o.compare ? 2 : 1;
   struct bp_target t[2];
+  struct bp_result *ra = NULL, *rb = NULL;
+  int status = 1;
   memset (t, 0, sizeof t);
   for (unsigned i = 0; i < nt; i++) {
     t[i].uri = o.uri[i];
     t[i].metrics_url = o.metrics_url[i];
     if (bp_probe (&o, &t[i]) == -1)
-      return 1;
+      goto out;
   }
   if (bp_settle_range (&o, t, nt) == -1)
-    return 1;
-  if (o.test == BP_SEQ_REWRITE)
+    goto out;
+  if (o.prefill)
     for (unsigned i = 0; i < nt; i++)
       if (bp_prefill (&o, &t[i]) == -1) {
-        bp_warn ("%s: prefilling the SEQ_REWRITE region failed", t[i].uri);
-        return 1;
+        bp_warn ("%s: prefilling the span failed", t[i].uri);
+        goto out;
       }
 
-  struct bp_result *ra = bp_result_new (&t[0]);
-  struct bp_result *rb = o.compare ? bp_result_new (&t[1]) : NULL;
-  int status = 0;
-
+  ra = bp_result_new (&t[0]);
+  rb = o.compare ? bp_result_new (&t[1]) : NULL;
+  status = 0;
   if (!o.compare) {
     for (unsigned i = 0; i < o.iter_max && !bp_interrupted; i++) {
       if (bp_run_iteration (&o, ra, i, NULL) == -1) {
@@ -116,12 +117,14 @@ main (int argc, char **argv)
     status = 1;                  /* failed requests make the numbers suspect */
   if (bp_interrupted && status == 0)
     status = 130;
-  free (ra->tgt.export_name);
+
+ out:
+  for (unsigned i = 0; i < nt; i++)
+    free (t[i].export_name);
   free (ra);
-  if (rb) {
-    free (rb->tgt.export_name);
-    free (rb);
-  }
+  free (rb);
   bp_workers_free ();
+  free (o.uri_owned[0]);
+  free (o.uri_owned[1]);
   return status;
 }

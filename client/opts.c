@@ -140,6 +140,8 @@ bp_usage (FILE *f)
 "  --offset SIZE      where the span starts (default 0)\n"
 "  --rw-mix R[/W]     RAND_RW read share, percent or ratio (default 60/40)\n"
 "  -s SEED            PRNG seed for offsets and data (default 1)\n"
+"  --prefill          write the span once, untimed, before measuring, so reads\n"
+"                     return data rather than holes (always on for SEQ_REWRITE)\n"
 "\n"
 "Repetition, like netperf:\n"
 "  -i MAX[,MIN]       iterations (default 1; compare 10,3)\n"
@@ -164,7 +166,7 @@ bp_usage (FILE *f)
 enum {
   BP_OPT_JSON = 256, BP_OPT_SPAN, BP_OPT_OFFSET, BP_OPT_RWMIX, BP_OPT_QUIET,
   BP_OPT_TLS_CERTS, BP_OPT_TLS_PSK, BP_OPT_TLS_USER, BP_OPT_TLS_VERIFY,
-  BP_OPT_TLS_NOVERIFY,
+  BP_OPT_TLS_NOVERIFY, BP_OPT_PREFILL,
 };
 
 static const struct option bp_long_opts[] = {
@@ -185,6 +187,7 @@ static const struct option bp_long_opts[] = {
   { "offset", required_argument, NULL, BP_OPT_OFFSET },
   { "rw-mix", required_argument, NULL, BP_OPT_RWMIX },
   { "quiet", no_argument, NULL, BP_OPT_QUIET },
+  { "prefill", no_argument, NULL, BP_OPT_PREFILL },
   { "tls-certificates", required_argument, NULL, BP_OPT_TLS_CERTS },
   { "tls-psk", required_argument, NULL, BP_OPT_TLS_PSK },
   { "tls-username", required_argument, NULL, BP_OPT_TLS_USER },
@@ -245,11 +248,11 @@ bp_split_pair (const char *s, char *buf, size_t len)
 /* nbd:// and nbd+unix:// with TLS credentials on the command line almost
  * certainly mean "use TLS"; libnbd would otherwise disable TLS for those
  * schemes and silently ignore the credentials. */
-static const char *
+static char *
 bp_tls_scheme (const char *uri)
 {
   if (strncmp (uri, "nbd:", 4) != 0 && strncmp (uri, "nbd+", 4) != 0)
-    return uri;
+    return NULL;
   char *s;
   if (asprintf (&s, "nbds%s", uri + 3) < 0)
     bp_die ("out of memory");
@@ -340,6 +343,7 @@ bp_opts_parse (struct bp_opts *o, int argc, char **argv)
     case 's': o->seed = bp_parse_count ("-s", optarg, 0, UINT64_MAX); break;
     case BP_OPT_JSON: o->json = true; break;
     case BP_OPT_QUIET: o->quiet = true; break;
+    case BP_OPT_PREFILL: o->prefill = true; break;
     case BP_OPT_SPAN:
       if (bp_parse_size (optarg, &o->span) == -1 || o->span == 0)
         bp_usage_error ("--span: bad size %s", optarg);
@@ -391,8 +395,10 @@ bp_opts_parse (struct bp_opts *o, int argc, char **argv)
   if (argc - optind != want)
     bp_usage_error (o->compare ? "compare needs two URIs, A and B"
                                : "expected one URI");
-  for (int i = 0; i < want; i++)
-    o->uri[i] = o->tls_any ? bp_tls_scheme (argv[optind + i]) : argv[optind + i];
+  for (int i = 0; i < want; i++) {
+    o->uri_owned[i] = o->tls_any ? bp_tls_scheme (argv[optind + i]) : NULL;
+    o->uri[i] = o->uri_owned[i] ? o->uri_owned[i] : argv[optind + i];
+  }
   if (!o->compare && nmetrics > 1)
     bp_usage_error ("-M: give it once (twice only in compare mode)");
   if (nmetrics == 1)
@@ -422,6 +428,8 @@ bp_opts_parse (struct bp_opts *o, int argc, char **argv)
                || o->test == BP_RAND_RW ? 32 : 16;
   if (!o->conns)
     o->conns = 1;
+  if (o->test == BP_SEQ_REWRITE)
+    o->prefill = true;           /* a rewrite needs something to rewrite */
   if ((uint64_t) o->depth * o->bs > (1ull << 30))
     bp_usage_error ("-q x -b is %llu bytes of buffers per connection; keep it "
                     "under 1 GiB", (unsigned long long) o->depth * o->bs);

@@ -420,6 +420,7 @@ bp_json_run (FILE *f, const struct bp_opts *o, const struct bp_result *r)
            (unsigned long long) o->seed);
   if (o->test == BP_RAND_RW)
     fprintf (f, ", \"read_pct\": %u", o->read_pct);
+  fprintf (f, ", \"prefill\": %s", o->prefill ? "true" : "false");
   fputs (", \"mode\": ", f);
   bp_jstr (f, o->nrequests ? "requests" : "time");
   const char *sep = ", ";
@@ -606,7 +607,7 @@ bp_report_compare (FILE *f, const struct bp_opts *o, const struct bp_result *a,
            (unsigned long long) o->bs, o->depth, o->conns, o->conns == 1 ? "" : "s",
            (unsigned long long) a->tgt.span);
   fprintf (f, "%-18s %14s %14s %12s   %-23s %s\n", "", "Before (A)", "After (B)",
-           "Improvement", "", "better");
+           "Improvement", "", "better is");
   char cil[32];
   snprintf (cil, sizeof cil, "%g%% CI", o->ci_level);
   fprintf (f, "%-18s %14s %14s %12s   %-23s\n", "", "mean", "mean", "B over A", cil);
@@ -620,11 +621,12 @@ bp_report_compare (FILE *f, const struct bp_opts *o, const struct bp_result *a,
     bp_num (f, 14, 2, sb.mean);
     fputc (' ', f);
     bp_pct (f, 12, w[m].pct);
-    fputs ("   [", f);
-    bp_pct (f, 9, w[m].lo_pct);
-    fputs (", ", f);
-    bp_pct (f, 9, w[m].hi_pct);
-    fprintf (f, "]  %-6s%s\n", bp_metric_lower_better (m) ? "lower" : "higher",
+    char ci[64];
+    if (isnan (w[m].lo_pct))
+      snprintf (ci, sizeof ci, "n/a");
+    else
+      snprintf (ci, sizeof ci, "[%+.2f%%, %+.2f%%]", w[m].lo_pct, w[m].hi_pct);
+    fprintf (f, "   %-23s %-6s%s\n", ci, bp_metric_lower_better (m) ? "lower" : "higher",
              w[m].significant ? "  *" : "");
   }
   const struct bp_welch *p = &w[pm];

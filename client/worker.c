@@ -180,9 +180,9 @@ bp_probe (const struct bp_opts *o, struct bp_target *t)
     return -1;
   }
   t->size = (uint64_t) size;
-  if (bp_test_writes (o->test) && t->read_only) {
+  if ((bp_test_writes (o->test) || o->prefill) && t->read_only) {
     bp_warn ("%s: %s writes, but the export is read-only", t->uri,
-             bp_test_name (o->test));
+             bp_test_writes (o->test) ? bp_test_name (o->test) : "--prefill");
     return -1;
   }
   if (o->test == BP_CHURN && !t->can_trim) {
@@ -446,7 +446,7 @@ bp_conns_setup (const struct bp_opts *o)
     bp_die ("out of memory");
   bp_nconns = o->conns;
   bp_conn_bufsize = need;
-  bool rd = bp_test_reads (o->test), wr = bp_test_writes (o->test);
+  bool rd = bp_test_reads (o->test), wr = bp_test_writes (o->test) || o->prefill;
   uint64_t fill = o->seed ^ 0x5eed5eed5eedull;
   for (unsigned i = 0; i < o->conns; i++) {
     struct bp_conn *c = &bp_conns[i];
@@ -515,6 +515,8 @@ bp_conn_reset (struct bp_conn *c, const struct bp_opts *o, enum bp_test test,
     uint64_t per = t->span / bp_nconns / o->bs * o->bs;
     c->lo = t->offset + per * c->id;
     c->hi = c->lo + per;
+    if (c->id == bp_nconns - 1)  /* the last slice takes the leftover blocks */
+      c->hi = t->offset + t->span / o->bs * o->bs;
   }
   else {
     c->lo = t->offset;
@@ -612,8 +614,8 @@ bp_wait (const struct bp_opts *o, const char *label, unsigned iter_no,
     bp_totals (&b, &q);
     if (progress && now >= ws && now - start >= 3000000000u) {
       double dt = (double) (now - ln) / 1e9;
-      fprintf (stderr, "\r\033[K%s%s iteration %u/%u  %6.1fs  %10.1f MiB/s  %10.0f IOPS",
-               label ? label : "", label ? ":" : "", iter_no + 1, o->iter_max,
+      fprintf (stderr, "\r\033[K%s%siteration %u/%u  %6.1fs  %10.1f MiB/s  %10.0f IOPS",
+               label ? label : "", label ? ": " : "", iter_no + 1, o->iter_max,
                (double) (now - ws) / 1e9, (double) (b - lb) / dt / 1048576.0,
                (double) (q - lr) / dt);
     }
@@ -624,7 +626,7 @@ bp_wait (const struct bp_opts *o, const char *label, unsigned iter_no,
 }
 
 /* Runs the connection threads once: connect, release together, measure,
- * collect.  `test` differs from o->test only for SEQ_REWRITE's prefill. */
+ * collect.  measure == false is the untimed prefill (test STREAM_WRITE). */
 static int
 bp_iteration (const struct bp_opts *o, const struct bp_target *t, enum bp_test test,
               unsigned iter_no, uint64_t nreq, const char *label, bool measure,
@@ -635,6 +637,8 @@ bp_iteration (const struct bp_opts *o, const struct bp_target *t, enum bp_test t
   for (unsigned i = 0; i < bp_nconns; i++) {
     uint64_t share = nreq / bp_nconns + (i < nreq % bp_nconns);
     bp_conn_reset (&bp_conns[i], o, test, t, iter_no, share);
+    if (!measure)                /* the prefill: exactly one pass per slice */
+      bp_conns[i].quota = bp_conns[i].nblocks;
   }
   if (pthread_barrier_init (&bp_sync.connected, NULL, bp_nconns + 1) != 0
       || pthread_barrier_init (&bp_sync.go, NULL, bp_nconns + 1) != 0)
@@ -782,7 +786,5 @@ int
 bp_prefill (const struct bp_opts *o, const struct bp_target *t)
 {
   /* One sequential pass over each connection's slice, untimed. */
-  uint64_t per = t->span / o->conns / o->bs;
-  return bp_iteration (o, t, BP_STREAM_WRITE, 0, per * o->conns, NULL, false,
-                       NULL, NULL);
+  return bp_iteration (o, t, BP_STREAM_WRITE, 0, 1, NULL, false, NULL, NULL);
 }
