@@ -6,6 +6,8 @@
 #   make container-test   build it, then run, connect, copy, health-check and
 #                         stop it for real (tests/test-deploy-container.sh)
 #   make deploy-deps      install podman, runc, debootstrap ... when missing
+#   make install-systemd  install blkd.socket/.service, /etc/default/blkd
+#                         (kept if present) and the README, for PREFIX/DESTDIR
 #
 # The manifest and unit checks (tests/test-deploy-*.sh) run in `make check`.
 
@@ -19,7 +21,10 @@ PODMAN           = deploy/podman.sh
 DEPLOY_DEPS = podman runc debootstrap uidmap conmon containernetworking-plugins \
               iptables libnbd-bin curl openssl python3-yaml
 
-.PHONY: deploy-deps container container-base container-test
+SYSTEMD_UNITDIR ?= /etc/systemd/system
+DOCDIR          ?= $(PREFIX)/share/doc/blkd
+
+.PHONY: deploy-deps container container-base container-test install-systemd
 
 deploy-deps:
 	@missing=$$(for p in $(DEPLOY_DEPS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -43,3 +48,17 @@ container: container-base
 container-test: container
 	BLKD_CONTAINER_TEST=1 CONTAINER_IMAGE=$(CONTAINER_IMAGE) \
 	  tests/run.sh tests/test-deploy-container.sh
+
+# The units name /usr/local; rewrite the paths for this PREFIX. An existing
+# /etc/default/blkd holds the admin's options and is left alone.
+install-systemd:
+	install -d $(DESTDIR)$(SYSTEMD_UNITDIR) $(DESTDIR)/etc/default $(DESTDIR)$(DOCDIR)
+	for u in blkd.socket blkd.service; do \
+	  sed -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/usr/local/share/doc/blkd/|$(DOCDIR)/|g' \
+	    deploy/systemd/$$u > $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u.tmp && \
+	  chmod 0644 $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u.tmp && \
+	  mv $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u.tmp $(DESTDIR)$(SYSTEMD_UNITDIR)/$$u || exit 1; \
+	done
+	[ -e $(DESTDIR)/etc/default/blkd ] || install -m 0644 deploy/systemd/blkd.env $(DESTDIR)/etc/default/blkd
+	install -m 0644 deploy/README.md $(DESTDIR)$(DOCDIR)/README.md
+	@echo "then: systemctl daemon-reload && systemctl enable --now blkd.socket"

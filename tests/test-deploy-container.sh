@@ -6,8 +6,8 @@
 # well inside the stop timeout. Then the argument form (PLUGIN key=value) with
 # metrics off, whose health check falls back to a TCP check; blkperf from
 # the image against the first container; TLS from a mounted BLKD_TLS_DIR;
-# and the k8s pod's settings (ConfigMap, init command, read-only root, rawio
-# on a volume).
+# the k8s pod's settings (ConfigMap, init command, read-only root, rawio on
+# a volume); and the systemd units under a real systemd in a container.
 #
 # Slow and needs podman plus a built image, so `make check` skips it; run it
 # with `make container-test` (which builds the image first).
@@ -230,5 +230,67 @@ rc=$("$PODMAN" inspect -f '{{.State.ExitCode}}' "$NAME")
 [ "$rc" = 0 ] || fail "k8s-settings container exited $rc"
 [ "$(stat -c %s "$data/disk.img")" = "$size" ] || fail "disk.img is not on the volume"
 echo "k8s pod settings: rawio direct=true on a $disk_size volume, read-only root, exit 0"
+
+# --- the systemd units under a real systemd: PID 1 of a container made from
+# this image plus systemd, units installed by `make install-systemd`. Checks
+# socket activation (blkd.service starts on the first connection), that the
+# hardening is really applied to the running blkd (dynamic non-root user,
+# no capabilities, no_new_privs, seccomp, own mount namespace), /healthz
+# with blkd.env's --metrics, `systemctl stop` -> exit 0, and that the socket
+# activates a new blkd after that ---
+ctx=$TMP/systemd-ctx
+mkdir -p "$ctx"
+make -s -C "$TOP" install-systemd DESTDIR="$ctx/root" >/dev/null || fail "make install-systemd"
+# No static blkd user here, so DynamicUser= really allocates one.
+cat > "$ctx/Containerfile" <<CFEOF
+FROM $IMAGE
+USER root
+RUN apt-get update -q \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends systemd \\
+ && rm -rf /var/lib/apt/lists/* && userdel blkd
+COPY root/ /
+RUN systemctl enable blkd.socket
+STOPSIGNAL SIGRTMIN+3
+ENTRYPOINT ["/lib/systemd/systemd"]
+CFEOF
+SD_IMAGE=localhost/blkd-systemd-test:latest
+"$PODMAN" build -q --format docker --pull=never --network=host -t "$SD_IMAGE" "$ctx" >/dev/null ||
+  fail "building the systemd test image"
+NBD_PORT=$(free_port)
+NAME=blkd-test-$$-e
+CONTAINERS+=("$NAME")
+"$PODMAN" run -d --name "$NAME" --systemd=always --health-cmd=none -p "127.0.0.1:$NBD_PORT:10809" "$SD_IMAGE" >/dev/null ||
+  fail "podman run (systemd)"
+sd() { "$PODMAN" exec "$NAME" "$@"; }
+for ((i = 0; i < 100; i++)); do
+  [ "$(sd systemctl is-active blkd.socket 2>/dev/null)" = active ] && break; sleep 0.2
+done
+[ "$(sd systemctl is-active blkd.socket)" = active ] || fail "blkd.socket is not listening: $(sd systemctl status blkd.socket --no-pager 2>&1)"
+[ "$(sd systemctl is-active blkd.service || true)" = inactive ] || fail "blkd.service ran before any connection"
+size=$(nbdinfo --size "nbd://127.0.0.1:$NBD_PORT") ||
+  fail "nbdinfo through blkd.socket: $(sd journalctl -u blkd.service --no-pager 2>&1 | tail -n 20)"
+[ "$size" = 1073741824 ] || fail "blkd.env's export is $size bytes, want 1 GiB"
+[ "$(sd systemctl is-active blkd.service)" = active ] || fail "blkd.service not running after a connection"
+sd bash -c '
+  p=$(systemctl show -p MainPID --value blkd.service)
+  s=/proc/$p/status
+  uid=$(awk "/^Uid:/ {print \$2}" $s)
+  echo "blkd.service: pid $p uid $uid $(grep -E "^(CapEff|CapBnd|NoNewPrivs|Seccomp):" $s | tr -s "\t\n" "  ")"
+  bad() { echo "blkd.service: $*"; exit 1; }
+  # DynamicUser= takes uids from 61184-65519 (the image has no static blkd).
+  [ "$uid" -ge 61184 ] && [ "$uid" -le 65519 ] || bad "uid $uid is not a dynamic user"
+  grep -q "^CapEff:[[:space:]]*0*$" $s || bad "has capabilities"
+  grep -q "^CapBnd:[[:space:]]*0*$" $s || bad "capability bounding set not empty"
+  grep -q "^NoNewPrivs:[[:space:]]*1" $s || bad "no_new_privs not set"
+  grep -q "^Seccomp:[[:space:]]*2" $s || bad "no seccomp filter"
+  [ "$(readlink /proc/$p/ns/mnt)" != "$(readlink /proc/1/ns/mnt)" ] || bad "no mount namespace (ProtectSystem/PrivateTmp)"
+  BLKD_METRICS=127.0.0.1:9100 blkd-healthcheck || bad "/healthz with blkd.env options"
+' || fail "blkd.service under systemd: hardening or health"
+sd systemctl stop blkd.service 2>/dev/null
+res=$(sd systemctl show -p Result -p ExecMainStatus blkd.service | tr '\n' ' ')
+[ "$res" = "Result=success ExecMainStatus=0 " ] || fail "systemctl stop blkd.service: $res"
+size=$(nbdinfo --size "nbd://127.0.0.1:$NBD_PORT") || fail "blkd.socket did not reactivate blkd after a stop"
+echo "systemd: socket-activated, hardened (dynamic user, no caps, seccomp), stop -> $res, reactivated"
+"$PODMAN" stop -t "$STOP_TIMEOUT" "$NAME" >/dev/null 2>&1 || true
 
 echo "container test: all checks passed"

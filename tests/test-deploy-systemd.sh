@@ -39,6 +39,9 @@ grep -q '^ListenStream=' "$units/blkd.socket" || fail "blkd.socket has no Listen
 grep -q '^Service=blkd.service' "$units/blkd.socket" || fail "blkd.socket does not name blkd.service"
 grep -q '^Requires=blkd.socket' "$units/blkd.service" || fail "blkd.service does not require blkd.socket"
 grep -q '^EnvironmentFile=-/etc/default/blkd' "$units/blkd.service" || fail "no EnvironmentFile=-/etc/default/blkd"
+# PartOf/BindsTo would take the socket down with the service, refusing
+# clients during a restart: the point of holding the socket in systemd.
+! grep -qE '^(PartOf|BindsTo)=' "$units/blkd.socket" || fail "blkd.socket is PartOf/BindsTo the service"
 
 # Hardening the brief asks for, present and not weakened.
 for want in 'DynamicUser=yes' 'ProtectSystem=strict' 'NoNewPrivileges=yes' \
