@@ -178,8 +178,6 @@ struct bp_metrics {
  * false and err (if not NULL) holds a reason. */
 void bp_metrics_fetch (const char *url, struct bp_metrics *m,
                        char *err, size_t errlen);
-/* Parses Prometheus text exposition into m (exposed for testing). */
-void bp_metrics_parse (const char *text, size_t len, struct bp_metrics *m);
 
 /* Remote totals over windows, same idea as bp_cpu_acc.  Each field counts
  * only windows where both scrapes had it. */

@@ -282,7 +282,10 @@ bp_label (const char *lb, size_t lblen, const char *name, char *out, size_t outl
   return false;
 }
 
-void
+/* Prometheus text exposition: `name{labels} value [timestamp]` lines,
+ * `#` comments.  Only the series blkperf reads are kept, each summed over
+ * its label sets (blkd labels its delay sums by command). */
+static void
 bp_metrics_parse (const char *text, size_t len, struct bp_metrics *m)
 {
   m->proc_cpu_s = m->blkd_user_s = m->blkd_sys_s = NAN;

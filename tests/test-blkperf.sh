@@ -73,13 +73,18 @@ check_json "$TMP/STREAM_READ.json" STREAM_READ 'd["reads"] > 0 and d["writes"] =
 check_json "$TMP/STREAM_WRITE.json" STREAM_WRITE 'd["writes"] > 0 and d["reads"] == 0'
 check_json "$TMP/RR.json" RR 'd["queue_depth"] == 1 and d["block_size"] == 4096'
 check_json "$TMP/RAND_READ.json" RAND_READ 'd["queue_depth"] == 32'
-# RAND_RW is sysbench's rndrw: 60/40 by default, and no errors on a RAM disk.
-check_json "$TMP/RAND_RW.json" RAND_RW 'd["reads"] > 0 and d["writes"] > 0' \
-  'abs(d["reads"] / d["requests"] - 0.60) < 0.05'
+check_json "$TMP/RAND_RW.json" RAND_RW 'd["reads"] > 0 or d["writes"] > 0'
 check_json "$TMP/SEQ_REWRITE.json" SEQ_REWRITE 'd["span"] == 256 << 20'
-# CHURN writes a region and trims it, pass after pass.
-check_json "$TMP/CHURN.json" CHURN 'd["writes"] > 0 and d["trims"] > 0' \
-  'abs(d["writes"] - d["trims"]) <= 256 + d["queue_depth"]' 'd["span"] == 16 << 20'
+# Counted runs for the checks that need numbers, not a loaded machine's
+# luck: RAND_RW is sysbench's rndrw, 60/40 by default, and has no errors
+# on a RAM disk; CHURN writes its 16 MiB region (256 x 64 KiB) and trims
+# it, pass after pass, so 1024 requests are exactly two cycles.
+run_json rndrw -t RAND_RW -n 20000 "$MEM_URI"
+check_json "$TMP/rndrw.json" RAND_RW 'd["requests"] == 20000' \
+  'abs(d["reads"] / d["requests"] - 0.60) < 0.03'
+run_json churn -t CHURN -n 1024 "$MEM_URI"
+check_json "$TMP/churn.json" CHURN 'd["writes"] == 512 and d["trims"] == 512' \
+  'd["span"] == 16 << 20 and d["block_size"] == 65536'
 
 # --- options take effect ---------------------------------------------------
 # -n is exact, split over connections; --rw-mix moves the share.
@@ -164,7 +169,7 @@ expect_fail 1 "prefill writes, but the export is read-only" -t RAND_READ --prefi
 # A server that dies mid-run: an error naming the connection, status 1, no hang.
 start_server "${SRV[@]}" "${MEM[@]}"
 rc=0
-( sleep 1; kill "$SERVER_PID" ) &
+( sleep 2; kill "$SERVER_PID" ) &
 killer=$!
 timeout 60 "$BLKPERF" -t RAND_READ -l 10 "$URI" >"$TMP/died.out" 2>"$TMP/died.err" || rc=$?
 wait "$killer"
