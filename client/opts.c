@@ -120,7 +120,7 @@ bp_usage (FILE *f)
 "usage: blkperf [options] URI\n"
 "       blkperf compare [options] URI_A URI_B\n"
 "\n"
-"URI is any libnbd URI: nbd://host[:port][/export], nbds://..., \n"
+"URI is any libnbd URI: nbd://host[:port][/export], nbds://...,\n"
 "nbd+unix:///export?socket=PATH (tls-certificates= and tls-psk-file= are\n"
 "accepted in the query).\n"
 "\n"
