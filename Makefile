@@ -58,6 +58,7 @@ include plugins/plugins.mk
 include client/client.mk
 include tests/tests.mk
 include deploy/deploy.mk
+include fuzz/fuzz.mk
 
 # Install only what is missing: a machine that has everything runs no apt.
 deps:
@@ -81,6 +82,13 @@ bench-anchors: deps all
 	@mkdir -p build
 	/usr/bin/python3 bench/anchors.py --rounds $(ROUNDS) --seconds $(SECONDS) \
 	  --out build/bench-anchors.md --json build/bench-anchors.json
+
+# Each seed's before/after experiment, reproduced with blkperf against
+# blkd's switches (and the cache and delay-accounting A/B scripts); the
+# tables land in build/bench/ for docs/BENCHMARKS.md.
+bench: deps all
+	@mkdir -p build/bench
+	bench/seeds.sh build/bench
 
 install: all
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR)
