@@ -71,7 +71,7 @@ def still_in_sync(c, what):
     c.disconnect()
 
 
-srv = Server(["ram", "size=64M"])
+srv = Server(["ram", "size=64M"], opts=EXTRA_OPTS)
 
 
 @case("unknown options 0, 4 (withdrawn), 11 (extended headers), 0x1234, 0xffffffff")

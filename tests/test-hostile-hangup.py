@@ -43,7 +43,7 @@ ASAN = b"libasan" in subprocess.run(["ldd", BLKD], capture_output=True).stdout \
     or b"__asan_init" in subprocess.run(["nm", "-D", BLKD], capture_output=True).stdout
 RSS_BOUND = (IOBUF_MEM + 160) * (2 if ASAN else 1)
 
-srv = Server(["ram", "size=256M"], opts=["--shards", "2", "--iobuf-mem", "%dM" % IOBUF_MEM])
+srv = Server(["ram", "size=256M"], opts=["--shards", "2", "--iobuf-mem", "%dM" % IOBUF_MEM] + EXTRA_OPTS)
 # Data the hang-ups must not disturb.
 golden = os.urandom(MiB)
 c = RawClient(srv)

@@ -15,6 +15,11 @@ from blkdtest import *  # noqa: E402,F401,F403
 
 
 
+# Extra server options for every server the hostile suites start, to run
+# them over other engine modes: HOSTILE_SERVER_OPTS="--dispatch worker".
+EXTRA_OPTS = os.environ.get("HOSTILE_SERVER_OPTS", "").split()
+
+
 def vmrss_mib(pid):
     with open("/proc/%d/status" % pid) as f:
         for line in f:

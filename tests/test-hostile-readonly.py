@@ -36,11 +36,11 @@ digest = hashlib.sha256(content).hexdigest()
 rawio = os.path.join(TOP, "plugins/rawio/nbdkit-rawio-plugin.so")
 servers = []
 if os.path.exists(rawio) and not IS_NBDKIT:
-    servers.append(("rawio", Server([rawio, "file=" + path], opts=["-r"])))
+    servers.append(("rawio", Server([rawio, "file=" + path], opts=["-r"] + EXTRA_OPTS)))
 else:
     servers.append(("file", Server(["file", path], opts=["-r"])))
 servers.append(("ram" if not IS_NBDKIT else "memory",
-                Server(["ram" if not IS_NBDKIT else "memory", "size=16M"], opts=["-r"])))
+                Server(["ram" if not IS_NBDKIT else "memory", "size=16M"], opts=["-r"] + EXTRA_OPTS)))
 
 for name, srv in servers:
     print("# %s -r" % name)

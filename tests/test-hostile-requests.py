@@ -40,7 +40,7 @@ NBD_CMD_FLAG_NO_HOLE = 1 << 1
 NBD_CMD_FLAG_FAST_ZERO = 1 << 4
 NBD_CMD_FLAG_PAYLOAD_LEN = 1 << 5
 
-srv = Server(["ram", "size=64M"], opts=["--max-request", "1M"])
+srv = Server(["ram", "size=64M"], opts=["--max-request", "1M"] + EXTRA_OPTS)
 
 
 def conn(structured=True, meta=False, server=None):
@@ -432,7 +432,7 @@ def _():
         note("no O_DIRECT on %s (%s): misaligned-request case skipped" % (TMP, e))
         return
     rsrv = Server([os.path.join(TOP, "plugins/rawio/nbdkit-rawio-plugin.so"),
-                   "file=" + path, "direct=true"], opts=["--max-request", "1M"])
+                   "file=" + path, "direct=true"], opts=["--max-request", "1M"] + EXTRA_OPTS)
     c = RawClient(rsrv)
     c.start()
     rtype, info = c.go(infos=(NBD_INFO_BLOCK_SIZE,))
