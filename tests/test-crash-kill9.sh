@@ -106,7 +106,16 @@ def round_(n, direct):
     threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(NCONN)]
     for t in threads:
         t.start()
-    time.sleep(0.6 + 0.1 * n)
+    # Kill once enough is acknowledged (fdatasync on a shared disk can be
+    # slow, so wait for progress rather than for a fixed time), at a
+    # different point each round.
+    target = 300 + 150 * n
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        with lock:
+            if len(acked) >= target:
+                break
+        time.sleep(0.01)
     srv.proc.send_signal(signal.SIGKILL)
     srv.proc.wait()
     for t in threads:
@@ -121,7 +130,7 @@ def round_(n, direct):
     def landed(off, data):
         return disk[off:off + BS] == data or disk[off:off + BS] in maybe.get(off, ())
 
-    check(len(acked) > 200, "round %d: %d blocks acknowledged before SIGKILL, %d of them "
+    check(len(acked) > 100, "round %d: %d blocks acknowledged before SIGKILL, %d of them "
           "durable (FUA or flushed), %d writes in flight" % (n, len(acked), len(durable),
                                                              len(inflight)))
     lost_durable = [off for off, data in durable.items() if not landed(off, data)]
