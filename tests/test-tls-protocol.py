@@ -272,4 +272,20 @@ rtype, _ = c.go()
 check_eq(rtype, NBD_REP_ACK, "GO with a certificate from our CA")
 c.disconnect()
 srv.check_alive()
+srv.stop()
+
+# --- a client that stalls in the TLS handshake ------------------------------------
+print("# STARTTLS then silence: --handshake-timeout covers the TLS handshake too")
+srv = Server(["memory", "size=1M"],
+             opts=["--tls=require", "--handshake-timeout", "1",
+                   "--tls-certificates", os.path.join(T, "server")])
+c = RawClient(srv)
+c.start()
+_, rtype, _ = c.opt_replies(NBD_OPT_STARTTLS)
+check_eq(rtype, NBD_REP_ACK, "STARTTLS answer")
+t0 = time.time()
+check(closed_soon(c.sock, 10), "stalled TLS handshake closed by the server")
+check(time.time() - t0 < 8, "closed within the handshake timeout (%.1f s)" % (time.time() - t0))
+c.close()
+srv.check_alive()
 print("all TLS protocol checks passed")
