@@ -14,6 +14,8 @@
 #include <event2/event.h>
 
 #include "internal.h"
+#include "delayacct.h"
+#include "metrics.h"
 
 #define RBUF_SIZE        (64 * 1024)
 /* A payload remainder at least this big is read straight into its buffer
@@ -22,6 +24,9 @@
 #define DIRECT_THRESHOLD (32 * 1024)
 #define READS_PER_EVENT  16           /* fairness among a shard's clients */
 #define SEND_IOV_MAX     64
+/* Handshake replies a client has not read: past this, stop parsing its
+ * options, or a client that never reads could grow obuf without bound. */
+#define OBUF_PAUSE       (64 * 1024)
 
 static atomic_ullong next_conn_id = 1;
 
@@ -41,7 +46,7 @@ conn_new (struct shard *s, int fd, const char *peer)
   c->log.peer = c->peer;
   c->shard = s;
   c->fd = fd;
-  c->t_created = c->t_active = time (NULL);
+  c->t_created = c->t_active = now_ns ();
   c->rcap = RBUF_SIZE;
   c->rbuf = malloc (c->rcap);
   if (!c->rbuf)
@@ -65,6 +70,7 @@ conn_new (struct shard *s, int fd, const char *peer)
     s->conns->prev = c;
   s->conns = c;
   s->nconns++;
+  metrics_conn_new (c);
   return c;
 
 fail:
@@ -116,6 +122,9 @@ static void
 request_free (struct conn *c, struct request *r)
 {
   struct iobuf_pool *pool = c->shard->pool;
+  delayacct_done (c, r);          /* counts, and the send time if fully sent */
+  if (r->buf)
+    c->buf_bytes -= r->buf->cap;
   iobuf_put (pool, r->buf);
   iobuf_req_put (pool, r);
   c->inflight--;
@@ -131,6 +140,25 @@ drop_output (struct conn *c)
   }
   c->sendq_tail = NULL;
   c->olen = c->ooff = 0;
+}
+
+/* The transport: the socket, or TLS records once STARTTLS switched (the
+ * STARTTLS ACK itself still goes out in clear). */
+static inline ssize_t
+conn_sendv (struct conn *c, struct iovec *iov, int n)
+{
+  if (c->tls && !c->starttls_pending)
+    return tls_sendv (c, iov, n);
+  struct msghdr msg = { .msg_iov = iov, .msg_iovlen = n };
+  return sendmsg (c->fd, &msg, MSG_NOSIGNAL);
+}
+
+static inline ssize_t
+conn_recv (struct conn *c, void *buf, size_t len)
+{
+  if (c->tls)
+    return tls_recv (c, buf, len);
+  return read (c->fd, buf, len);
 }
 
 /* Gather handshake bytes and as many queued replies as fit into one
@@ -150,10 +178,9 @@ send_pending (struct conn *c)
       for (unsigned i = r->iov_sent; i < r->niov && n < SEND_IOV_MAX; i++)
         iov[n++] = r->iov[i];
     if (n == 0)
-      return 0;
+      return c->tls ? tls_flushed (c) : 0;
 
-    struct msghdr msg = { .msg_iov = iov, .msg_iovlen = n };
-    ssize_t sent = sendmsg (c->fd, &msg, MSG_NOSIGNAL);
+    ssize_t sent = conn_sendv (c, iov, n);
     if (sent < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK)
         return 1;
@@ -214,8 +241,8 @@ conn_flush (struct conn *c)
   }
   if (conn_maybe_free (c))
     return;
-  if (c->read_paused && !c->waiting_buffers && c->phase == CONN_TRANSMISSION
-      && c->inflight < cfg.max_inflight)
+  if (c->read_paused && !c->waiting_buffers && !c->stalled_req
+      && c->inflight < cfg.max_inflight && c->olen - c->ooff <= OBUF_PAUSE)
     conn_resume_reading (c);
 }
 
@@ -226,7 +253,8 @@ conn_on_write (evutil_socket_t fd, short what, void *arg)
   struct shard *s = c->shard;
   log_current = &c->log;
   conn_flush (c);
-  shard_wake_waiters (s);
+  if (s->waiters)
+    shard_wake_waiters (s);
   log_current = NULL;
 }
 
@@ -260,6 +288,8 @@ process_input (struct conn *c)
     size_t avail = c->rlen - c->roff;
     if (handshake_consume (c) == -1)
       return -1;
+    if (c->olen - c->ooff > OBUF_PAUSE)
+      return 0;                     /* conn_pump pauses until it drains */
     if (c->phase == before && c->rlen - c->roff == avail)
       return 0;                     /* needs more bytes */
   }
@@ -289,7 +319,7 @@ read_some (struct conn *c)
 
   if (r && r->count - c->recv_have >= DIRECT_THRESHOLD && c->roff == c->rlen) {
     want = r->count - c->recv_have;
-    n = read (c->fd, (char *) r->buf->data + c->recv_have, want);
+    n = conn_recv (c, (char *) r->buf->data + c->recv_have, want);
     if (n > 0)
       c->recv_have += n;
   }
@@ -306,13 +336,14 @@ read_some (struct conn *c)
     if (c->rlen == c->rcap)
       return -3;                    /* full: the parser is waiting on us */
     want = c->rcap - c->rlen;
-    n = read (c->fd, c->rbuf + c->rlen, want);
+    n = conn_recv (c, c->rbuf + c->rlen, want);
     if (n > 0)
       c->rlen += n;
   }
   /* Less than we asked for: the socket is empty now, so another read
    * would only say EAGAIN.  Let the loop ask epoll instead. */
-  c->read_drained = n >= 0 && (size_t) n < want;
+  c->read_drained = n >= 0 && (size_t) n < want
+                    && (!c->tls || !tls_pending (c));  /* TLS: a record at a time */
   if (n < 0)
     return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? -2 : -1;
   return n;
@@ -322,6 +353,8 @@ read_some (struct conn *c)
 static void
 conn_pump (struct conn *c, bool do_read)
 {
+  bool blocked = false;
+
   for (int i = 0; i < READS_PER_EVENT; i++) {
     if (do_read) {
       ssize_t n = read_some (c);
@@ -331,18 +364,29 @@ conn_pump (struct conn *c, bool do_read)
         return;
       }
       if (n == -1) {
-        if (errno != ECONNRESET)
+        if (errno != ECONNRESET && errno != EPROTO)   /* EPROTO: tls.c logged it */
           log_error ("read: %m");
         conn_close_now (c);
         return;
       }
-      if (n == -2 || n == -3)
-        break;
+      if (n == -2 || n == -3) {
+        blocked = n == -2;
+        if (c->rlen == c->roff && !c->recv_req)
+          break;
+        i = READS_PER_EVENT;        /* parse what is buffered, then stop */
+      }
     }
     do_read = true;
     if (process_input (c) == -1) {
-      conn_close_now (c);
-      return;
+      /* A protocol error: answer what came before it, then close
+       * (conn_maybe_free does, once the replies are out). */
+      c->want_close = true;
+      pause_reading (c);
+      break;
+    }
+    if (c->olen - c->ooff > OBUF_PAUSE) {
+      pause_reading (c);
+      break;
     }
     if (c->phase == CONN_CLOSING || c->want_close) {
       pause_reading (c);
@@ -355,6 +399,9 @@ conn_pump (struct conn *c, bool do_read)
     if (c->read_drained)
       break;
   }
+  /* TLS may hold whole records the socket will not announce again. */
+  if (c->tls && !blocked && !c->read_paused && tls_pending (c))
+    event_active (c->ev_read, EV_READ, 1);
   conn_flush (c);
 }
 
@@ -365,9 +412,14 @@ conn_on_read (evutil_socket_t fd, short what, void *arg)
   struct shard *s = c->shard;
   log_current = &c->log;
   if (cfg.idle_timeout)
-    c->t_active = time (NULL);     /* vDSO: no syscall */
+    c->t_active = now_ns ();       /* vDSO: no syscall */
   conn_pump (c, true);
   shard_flush_marked (s);
+  /* Replies just sent gave buffers back; a connection parked on the pool
+   * (maybe this one) can go on.  Nothing else would wake it when the
+   * socket took every byte. */
+  if (s->waiters)
+    shard_wake_waiters (s);
   log_current = NULL;
 }
 
@@ -380,9 +432,11 @@ conn_resume_reading (struct conn *c)
     c->read_paused = false;
     event_add (c->ev_read, NULL);
   }
-  /* Bytes already buffered are not announced by the socket again. */
-  if (c->rlen > c->roff)
-    conn_pump (c, false);
+  /* Bytes already buffered are not announced by the socket again: run
+   * the read callback from the loop (never from here: conn_flush calls us,
+   * and pumping from inside it would recurse). */
+  if (c->rlen > c->roff || (c->tls && tls_pending (c)))
+    event_active (c->ev_read, EV_READ, 1);
 }
 
 /* ---- shutdown ------------------------------------------------------ */
@@ -423,6 +477,7 @@ conn_close_now (struct conn *c)
   if (c->fd >= 0) {
     event_del (c->ev_read);
     event_del (c->ev_write);
+    tls_free (c);
     close (c->fd);
     c->fd = -1;
     c->pc.ctx.peer_fd = -1;
@@ -449,6 +504,7 @@ conn_maybe_free (struct conn *c)
       return false;
     event_del (c->ev_read);
     event_del (c->ev_write);
+    tls_free (c);                   /* close_notify goes out before the FIN */
     close (c->fd);
     c->fd = -1;
   }
@@ -458,6 +514,7 @@ conn_maybe_free (struct conn *c)
   struct shard *s = c->shard;
   log_debug ("connection closed");
   plugin_conn_fini (&c->pc);
+  tls_free (c);
   if (c->prev)
     c->prev->next = c->next;
   else
@@ -472,6 +529,7 @@ conn_maybe_free (struct conn *c)
   free (c->export_name);
   if (log_current == &c->log)
     log_current = NULL;
+  metrics_conn_gone (c);
   shard_conn_gone (s, c);
   free (c);
   return true;

@@ -116,7 +116,7 @@ open_export (struct conn *c, const char *name, size_t len)
     return -1;
   if (len == 0) {
     public_current = &c->pc.ctx;
-    const char *d = plugin_default_export (cfg.readonly, false);
+    const char *d = plugin_default_export (cfg.readonly, c->pc.ctx.is_tls);
     public_current = NULL;
     if (d) {
       free (n);
@@ -236,7 +236,7 @@ opt_list (struct conn *c, uint32_t len)
   if (len != 0)
     return send_error (c, NBD_OPT_LIST, NBD_REP_ERR_INVALID, "LIST takes no data");
   public_current = &c->pc.ctx;
-  struct nbdkit_exports *e = plugin_list_exports (cfg.readonly, false);
+  struct nbdkit_exports *e = plugin_list_exports (cfg.readonly, c->pc.ctx.is_tls);
   public_current = NULL;
   if (!e)
     return send_error (c, NBD_OPT_LIST, NBD_REP_ERR_PLATFORM, "cannot list exports");
@@ -244,7 +244,7 @@ opt_list (struct conn *c, uint32_t len)
   int r = 0;
   if (e->use_default) {
     const char *def = cfg.export_name ? cfg.export_name
-                                      : plugin_default_export (cfg.readonly, false);
+                                      : plugin_default_export (cfg.readonly, c->pc.ctx.is_tls);
     if (!def)
       def = "";
     if (nbdkit_add_export (e, def, NULL) == -1)
@@ -322,10 +322,54 @@ opt_meta_context (struct conn *c, uint32_t option, const uint8_t *d, uint32_t le
   return send_option_reply (c, option, NBD_REP_ACK, NULL, 0);
 }
 
+/* STARTTLS: ACK in clear, then TLS (conn.c switches once the ACK is out).
+ * Nothing negotiated in clear may survive into the TLS session, and any
+ * bytes the client sent behind STARTTLS are dropped unread: a client that
+ * does not wait for the ACK, or an attacker injecting options ahead of the
+ * handshake, gets nothing parsed (nbdkit's CVE-2021-3716). */
+static int
+opt_starttls (struct conn *c, uint32_t len)
+{
+  if (len != 0)
+    return send_error (c, NBD_OPT_STARTTLS, NBD_REP_ERR_INVALID, "STARTTLS takes no data");
+  if (cfg.tls == TLS_OFF)
+    return send_error (c, NBD_OPT_STARTTLS, NBD_REP_ERR_POLICY,
+                       "TLS is not configured on this server");
+  if (c->tls)
+    return send_error (c, NBD_OPT_STARTTLS, NBD_REP_ERR_INVALID, "TLS is already up");
+
+  c->structured = false;
+  c->meta_base_allocation = false;
+  plugin_close (&c->pc);
+  free (c->export_name);
+  c->export_name = NULL;
+  c->pc.ctx.export_name = NULL;
+  if (c->rlen > c->roff)
+    log_warn ("discarding %zu bytes sent in clear after STARTTLS", c->rlen - c->roff);
+  c->roff = c->rlen = 0;
+
+  if (send_option_reply (c, NBD_OPT_STARTTLS, NBD_REP_ACK, NULL, 0) == -1
+      || tls_start (c) == -1)
+    return -1;
+  c->starttls_pending = true;
+  c->phase = CONN_TLS_HANDSHAKE;
+  return 0;
+}
+
 static int
 handle_option (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
 {
   log_debug ("option %u, %u bytes", option, len);
+  /* --tls=require: nothing but STARTTLS and ABORT in clear, so no export
+   * (not even its name or size) is reachable without TLS. */
+  if (cfg.tls == TLS_REQUIRE && !c->tls && option != NBD_OPT_STARTTLS
+      && option != NBD_OPT_ABORT) {
+    if (option == NBD_OPT_EXPORT_NAME) {
+      log_error ("EXPORT_NAME in clear but TLS is required; closing");
+      return -1;                    /* EXPORT_NAME has no error reply */
+    }
+    return send_error (c, option, NBD_REP_ERR_TLS_REQD, "TLS is required: send STARTTLS");
+  }
   switch (option) {
   case NBD_OPT_EXPORT_NAME:
     return opt_export_name (c, d, len);
@@ -336,9 +380,7 @@ handle_option (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
   case NBD_OPT_LIST:
     return opt_list (c, len);
   case NBD_OPT_STARTTLS:
-    if (len != 0)
-      return send_error (c, option, NBD_REP_ERR_INVALID, "STARTTLS takes no data");
-    return send_error (c, option, NBD_REP_ERR_POLICY, "TLS is not configured on this server");
+    return opt_starttls (c, len);
   case NBD_OPT_INFO:
   case NBD_OPT_GO:
     return opt_info_go (c, option, d, len);

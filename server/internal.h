@@ -17,6 +17,8 @@
 
 struct event_base;
 struct event;
+struct shard_stats;                 /* delayacct.h */
+struct conn_stats;                  /* delayacct.h */
 
 /* ---- configuration (main.c) ---------------------------------------- */
 
@@ -42,6 +44,7 @@ struct blkd_config {
   uint32_t max_request;           /* --max-request: largest READ/WRITE payload */
   uint32_t max_inflight;          /* per connection before we stop reading */
   size_t iobuf_mem;               /* --iobuf-mem: pool bound, all shards */
+  size_t iobuf_conn_cap;          /* pool bytes one connection may hold */
   enum iobuf_mode iobuf;
   enum queue_mode queue;
   enum dispatch_mode dispatch;
@@ -159,7 +162,10 @@ struct request {
   uint16_t flags, type;
   int error;                      /* errno result, 0 on success */
   struct iobuf *buf;              /* READ data / WRITE payload / BS descriptors */
-  uint64_t t_queued;              /* ns: when parsed (delay accounting) */
+  uint64_t t_queued;              /* ns: when parsed; once the plugin call ends,
+                                     when the reply was ready (delayacct.h) */
+  uint64_t d_queued, d_plugin;    /* ns: durations, measured where they happen
+                                     and counted on the shard thread */
   /* Reply: iovecs into hdr[] and buf, written by the shard thread. */
   unsigned niov, iov_sent;
   struct iovec iov[2 * REQ_MAX_CHUNKS + 2];
@@ -180,6 +186,7 @@ uint32_t protocol_nbd_error (int err, const struct request *r);
 enum conn_phase {
   CONN_HS_CLIENT_FLAGS,           /* waiting for the client's 4 flag bytes */
   CONN_HS_OPTIONS,                /* option haggling */
+  CONN_TLS_HANDSHAKE,             /* after STARTTLS: TLS handshake (tls.c) */
   CONN_TRANSMISSION,
   CONN_CLOSING,                   /* no more input; drain and free */
 };
@@ -216,11 +223,17 @@ struct conn {
   struct request *sendq_head, *sendq_tail;
 
   unsigned inflight;              /* parsed, not yet freed */
-  time_t t_created, t_active;     /* coarse seconds, for the timeouts sweep */
+  uint64_t t_created, t_active;   /* now_ns(), for the timeouts sweep */
+  size_t buf_bytes;               /* pool bytes held by this connection */
   struct conn *flush_next;        /* shard's list of conns with new replies */
   bool flush_pending;
   struct conn *wait_next;         /* shard's list of conns waiting for buffers */
   struct plugin_conn pc;
+  struct conn_stats *mstats;      /* /stats record (metrics.c); NULL: none */
+
+  /* TLS (tls.c): the session once STARTTLS was accepted, NULL in clear. */
+  void *tls;
+  bool starttls_pending;          /* ACK queued in clear; handshake once sent */
 };
 
 struct conn *conn_new (struct shard *s, int fd, const char *peer);
@@ -231,6 +244,22 @@ void conn_shutdown (struct conn *c);             /* drain, then close */
 void conn_resume_reading (struct conn *c);
 int conn_out_append (struct conn *c, const void *data, size_t len);
 void conn_close_now (struct conn *c);
+
+/* ---- TLS (tls.c) ------------------------------------------------------ */
+
+int tls_setup (void);             /* start-up: -1 after printing why */
+void tls_cleanup (void);
+int tls_start (struct conn *c);   /* STARTTLS accepted: make the session */
+void tls_free (struct conn *c);
+/* The transport under conn.c once c->tls is set: -1 with errno EAGAIN
+ * when the socket would block, 0 at EOF; sendv returns plaintext bytes
+ * consumed. */
+ssize_t tls_recv (struct conn *c, void *buf, size_t len);
+ssize_t tls_sendv (struct conn *c, const struct iovec *iov, int n);
+/* Clear-text output drained: finish STARTTLS's switch, drive a handshake
+ * waiting to write.  0, 1 (wait for writability) or -1 (close). */
+int tls_flushed (struct conn *c);
+bool tls_pending (struct conn *c);  /* decrypted or buffered input left */
 
 /* ---- handshake (handshake.c) ----------------------------------------- */
 
@@ -265,6 +294,7 @@ struct shard {
   struct event *ev_sweep;         /* once a second: handshake/idle timeouts */
   struct queue *queue;            /* this shard's work queue (split mode) */
   bool draining;
+  struct shard_stats *stats;      /* counters and delay accounting (delayacct.c) */
 };
 
 extern struct shard *shards;

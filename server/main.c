@@ -18,6 +18,9 @@
 #include <nbdkit-plugin.h>
 
 #include "internal.h"
+#include "cache.h"
+#include "delayacct.h"
+#include "metrics.h"
 
 
 static struct event_base *main_base;
@@ -243,6 +246,8 @@ static int daemon_ready_fd = -1;
 static int
 daemonize (void)
 {
+  /* The parent waits until the child is really serving (pidfile written,
+   * plugin ready, listening), so a script can use the server at once. */
   int ready[2];
   if (pipe2 (ready, O_CLOEXEC) == -1) {
     fprintf (stderr, "blkd: pipe: %m\n");
@@ -418,6 +423,13 @@ main (int argc, char **argv)
     plugin_unload ();
     return EXIT_FAILURE;
   }
+  /* TLS files are checked before we bind or fork: a bad key is a loud
+   * start-up error, not a handshake failure on every connection. */
+  if (cfg.tls != TLS_OFF && tls_setup () == -1) {
+    tls_cleanup ();
+    plugin_unload ();
+    return EXIT_FAILURE;
+  }
 
   /* --run without an address: a private Unix socket, as nbdkit does. */
   if (cfg.run_cmd && !cfg.port && !cfg.unix_path && !cfg.ip && !getenv ("LISTEN_FDS")) {
@@ -437,7 +449,7 @@ main (int argc, char **argv)
   }
   if (!cfg.foreground && !cfg.socket_activated && daemonize () == -1)
     return EXIT_FAILURE;
-  if (write_pidfile () == -1 || plugin_after_fork () == -1) {
+  if (write_pidfile () == -1 || plugin_after_fork () == -1 || cache_setup () == -1) {
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }
@@ -474,6 +486,10 @@ main (int argc, char **argv)
   if (!ev_stop || event_add (ev_stop, NULL) == -1 || !ev_chld
       || event_add (ev_chld, NULL) == -1 || listen_start (main_base) == -1) {
     fprintf (stderr, "blkd: cannot start listening: %m\n");
+    exit_code = EXIT_FAILURE;
+    goto out_events;
+  }
+  if (metrics_start () == -1) {
     exit_code = EXIT_FAILURE;
     goto out_events;
   }
@@ -520,7 +536,11 @@ out_shards:
 out_listen:
   listen_stop ();
   listen_cleanup ();
+  metrics_stop ();                /* it answered 503 while the shards drained */
+  cache_stop ();                  /* writeback: dirty blocks reach the plugin */
+  stats_free ();
   plugin_unload ();
+  tls_cleanup ();
   if (cfg.pidfile && exit_code == EXIT_SUCCESS)
     unlink (cfg.pidfile);
   if (run_tmpdir) {

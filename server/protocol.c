@@ -9,6 +9,8 @@
 #include <nbdkit-plugin.h>
 
 #include "internal.h"
+#include "cache.h"
+#include "delayacct.h"
 
 /* Below this, a read is not worth an extents query to find holes in it. */
 #define SPARSE_READ_MIN   (64 * 1024)
@@ -262,7 +264,7 @@ plan_sparse_read (struct request *r, struct read_piece *pc)
   struct nbdkit_extents *e = public_extents_new (r->offset, end);
   if (!e)
     return 0;
-  if (plugin_extents (&c->pc, r->count, r->offset, false, e) != 0) {
+  if (cache_extents (&c->pc, r->count, r->offset, false, e) != 0) {
     public_extents_free (e);
     return 0;                       /* only an optimisation: read it all */
   }
@@ -315,7 +317,7 @@ do_read (struct request *r)
       && c->pc.caps.can_extents && r->count >= SPARSE_READ_MIN)
     n = plan_sparse_read (r, pc);
   if (n == 0) {
-    int err = plugin_pread (&c->pc, r->buf->data, r->count, r->offset);
+    int err = cache_pread (&c->pc, r->buf->data, r->count, r->offset);
     if (!err) {
       struct read_piece whole = { r->offset, r->count, false };
       put_read_reply (r, &whole, 1);
@@ -325,7 +327,7 @@ do_read (struct request *r)
   for (unsigned i = 0; i < n; i++) {
     if (pc[i].hole)
       continue;
-    int err = plugin_pread (&c->pc, (char *) r->buf->data + (pc[i].offset - r->offset),
+    int err = cache_pread (&c->pc, (char *) r->buf->data + (pc[i].offset - r->offset),
                             pc[i].length, pc[i].offset);
     if (err)
       return err;
@@ -344,7 +346,7 @@ do_block_status (struct request *r)
   struct nbdkit_extents *e = public_extents_new (r->offset, (uint64_t) c->pc.caps.size);
   if (!e)
     return ENOMEM;
-  int err = plugin_extents (&c->pc, r->count, r->offset, req_one, e);
+  int err = cache_extents (&c->pc, r->count, r->offset, req_one, e);
   if (err) {
     public_extents_free (e);
     return err;
@@ -386,24 +388,25 @@ protocol_execute (struct request *r)
   int err;
 
   log_current = &c->log;
+  uint64_t t0 = delayacct_plugin_begin (r);
   switch (r->type) {
   case NBD_CMD_READ:
     err = do_read (r);
     break;
   case NBD_CMD_WRITE:
-    err = plugin_pwrite (pc, r->buf->data, r->count, r->offset, fua);
+    err = cache_pwrite (pc, r->buf->data, r->count, r->offset, fua);
     break;
   case NBD_CMD_FLUSH:
-    err = plugin_flush (pc);
+    err = cache_flush (pc);
     break;
   case NBD_CMD_TRIM:
-    err = plugin_trim (pc, r->count, r->offset, fua);
+    err = cache_trim (pc, r->count, r->offset, fua);
     break;
   case NBD_CMD_CACHE:
-    err = plugin_cache (pc, r->count, r->offset);
+    err = cache_cache (pc, r->count, r->offset);
     break;
   case NBD_CMD_WRITE_ZEROES:
-    err = plugin_zero (pc, r->count, r->offset, !(r->flags & NBD_CMD_FLAG_NO_HOLE), fua,
+    err = cache_zero (pc, r->count, r->offset, !(r->flags & NBD_CMD_FLAG_NO_HOLE), fua,
                        r->flags & NBD_CMD_FLAG_FAST_ZERO);
     break;
   case NBD_CMD_BLOCK_STATUS:
@@ -412,6 +415,7 @@ protocol_execute (struct request *r)
   default:
     err = EINVAL;
   }
+  delayacct_plugin_end (r, t0);
   r->error = err;
   if (err) {
     if (err != ENOTSUP || !(r->flags & NBD_CMD_FLAG_FAST_ZERO))
@@ -437,8 +441,15 @@ attach_buffer (struct conn *c, struct request *r)
     need = BLOCK_STATUS_BUF;
   if (!need)
     return true;
+  if (c->buf_bytes && c->buf_bytes + need > cfg.iobuf_conn_cap) {
+    errno = ENOBUFS;                /* its own replies will free some */
+    return false;
+  }
   r->buf = iobuf_get (c->shard->pool, need);
-  return r->buf != NULL;
+  if (!r->buf)
+    return false;
+  c->buf_bytes += r->buf->cap;
+  return true;
 }
 
 /* The request has everything it needs: run it or queue it. */
@@ -535,7 +546,6 @@ protocol_consume (struct conn *c)
     r->count = be32toh (h.count);
     r->flags = be16toh (h.flags);
     r->type = be16toh (h.type);
-    r->t_queued = now_ns ();
     c->inflight++;
 
     if (r->type == NBD_CMD_DISC) {
@@ -545,6 +555,7 @@ protocol_consume (struct conn *c)
       c->want_close = true;
       return 0;
     }
+    delayacct_parsed (c, r);
     int err = protocol_validate (c, r);
     if (err) {
       if (r->type == NBD_CMD_WRITE)

@@ -10,6 +10,7 @@
 #include <event2/event.h>
 
 #include "internal.h"
+#include "delayacct.h"
 
 struct shard *shards;
 int nshards;
@@ -116,8 +117,9 @@ shard_wait_buffers (struct shard *s, struct conn *c)
   s->waiters = c;
 }
 
-/* Buffers came back: let waiting connections try again, oldest last is
- * fine because each waiter needs only its own one buffer to move on. */
+/* Buffers came back: let waiting connections try again.  Each waiter
+ * needs only its one buffer to move on; resuming schedules its read
+ * callback rather than running it, so the list is stable while we walk. */
 void
 shard_wake_waiters (struct shard *s)
 {
@@ -132,6 +134,8 @@ shard_wake_waiters (struct shard *s)
     else
       pp = &c->wait_next;
   }
+  /* A retried request may have run inline and queued its reply. */
+  shard_flush_marked (s);
 }
 
 void
@@ -217,7 +221,8 @@ static void
 shard_sweep (evutil_socket_t fd, short what, void *arg)
 {
   struct shard *s = arg;
-  time_t now = time (NULL);
+  uint64_t now = now_ns ();
+  const uint64_t sec = 1000000000;
 
   for (struct conn *c = s->conns, *next; c; c = next) {
     next = c->next;
@@ -225,12 +230,12 @@ shard_sweep (evutil_socket_t fd, short what, void *arg)
       continue;
     log_current = &c->log;
     if (c->phase != CONN_TRANSMISSION && c->phase != CONN_CLOSING && cfg.handshake_timeout
-        && now - c->t_created >= (time_t) cfg.handshake_timeout) {
+        && now - c->t_created >= cfg.handshake_timeout * sec) {
       log_info ("handshake not finished after %u s; closing", cfg.handshake_timeout);
       conn_close_now (c);
     }
     else if (c->phase == CONN_TRANSMISSION && cfg.idle_timeout && c->inflight == 0
-             && now - c->t_active >= (time_t) cfg.idle_timeout) {
+             && now - c->t_active >= cfg.idle_timeout * sec) {
       log_info ("idle for %u s; closing", cfg.idle_timeout);
       conn_close_now (c);
     }
@@ -329,6 +334,12 @@ shard_start_all (void)
 {
   bool need_workers = !dispatch_inline ();
   nshards = cfg.shards;
+  /* One connection may hold a quarter of its shard's pool (at least one
+   * largest request), so a client that never reads its replies cannot
+   * starve the others on its shard.  main.c ensures the pool holds two. */
+  cfg.iobuf_conn_cap = cfg.iobuf_mem / nshards / 4;
+  if (cfg.iobuf_conn_cap < cfg.max_request)
+    cfg.iobuf_conn_cap = cfg.max_request;
   shards = calloc (nshards, sizeof *shards);
   if (!shards)
     return -1;
@@ -353,7 +364,8 @@ shard_start_all (void)
     event_config_free (ec);
     s->notify_fd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
     s->pool = iobuf_pool_new (cfg.iobuf_mem / nshards);
-    if (!s->base || s->notify_fd < 0 || !s->pool) {
+    s->stats = stats_shard (i);
+    if (!s->base || s->notify_fd < 0 || !s->pool || !s->stats) {
       fprintf (stderr, "blkd: cannot create shard %d: %m\n", i);
       return -1;
     }
