@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# TLS throughput and server CPU: blkd against nbdkit, both serving the
+# memory plugin over TLS (X.509, the same certificates), read with nbdcopy
+# into null: at two request sizes, in alternating runs A B A B ...
+#
+#   bench/tls.sh [ROUNDS]        (default 3; env: SIZE=1G BLKD=./blkd
+#                                 REQ="262144 4096" MODE=x509|psk
+#                                 CIPHER=default|aes128|aes256)
+#
+# CIPHER: each server picks the TLS 1.3 suite by its own preference
+# (default: blkd AES-128-GCM, nbdkit/GnuTLS AES-256-GCM); aes128/aes256
+# make the client (GnuTLS, through its system priority file) offer only
+# that AES-GCM, so both servers run the same cipher.  The suite each
+# server chose is printed (read off the ServerHello by a small relay).
+#
+# Per run: MiB/s (disk size / nbdcopy's wall time) and the server's CPU
+# (utime+stime from /proc/PID/stat, all threads) per MiB moved.  Prints
+# each run, then per request size the median, min-max spread and the
+# blkd/nbdkit ratios.  Both servers are started once and filled once with
+# the same non-zero pattern, so neither can skip holes.  The machine is
+# shared: only ratios from one invocation mean anything.
+set -euo pipefail
+TOP=$(cd "$(dirname "$0")/.." && pwd)
+ROUNDS=${1:-3}
+SIZE=${SIZE:-1G}
+BLKD=${BLKD:-$TOP/blkd}
+REQ=${REQ:-"262144 4096"}
+MODE=${MODE:-x509}
+CIPHER=${CIPHER:-default}
+TMP=$(mktemp -d /tmp/blkd-bench-tls.XXXXXX)
+PIDS=()
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+fail() { echo "bench/tls.sh: $*" >&2; exit 1; }
+for t in nbdkit nbdcopy openssl; do command -v $t >/dev/null || fail "$t is not installed"; done
+[ -x "$BLKD" ] || fail "no blkd at $BLKD (make blkd)"
+. "$TOP/tests/helpers/tls.sh"
+make_tls_material "$TMP/tls"
+CERTS=$TMP/tls/server CLIENT=$TMP/tls/client-ca PSKF=$TMP/tls/keys.psk
+
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+  local i
+  for ((i = 0; i < 200; i++)); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  fail "nothing listening on $1"
+}
+start() {  # NAME BINARY ARGS... -> sets PORT_<NAME>, PID_<NAME>
+  local name=$1 bin=$2 port; shift 2
+  port=$(free_port)
+  if [ "$MODE" = psk ]; then set -- --tls-psk="$PSKF" "$@"
+  else set -- --tls-certificates="$CERTS" "$@"; fi
+  "$bin" -f -i 127.0.0.1 -p "$port" --tls=require "$@" >"$TMP/$name.log" 2>&1 &
+  PIDS+=($!)
+  printf -v "PID_$name" %s $!
+  printf -v "PORT_$name" %s "$port"
+  wait_port "$port"
+}
+start blkd "$BLKD" memory "$SIZE"
+start nbdkit nbdkit memory "$SIZE"
+
+uri() {  # NAME
+  local port; port=PORT_$1
+  if [ "$MODE" = psk ]; then echo "nbds://alice@127.0.0.1:${!port}/?tls-psk-file=$PSKF"
+  else echo "nbds://127.0.0.1:${!port}/?tls-certificates=$CLIENT"; fi
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+case $CIPHER in
+  default) ;;
+  aes128) printf '[overrides]\n%s\n' "tls-disabled-cipher = AES-256-GCM" \
+            "tls-disabled-cipher = CHACHA20-POLY1305" "tls-disabled-cipher = AES-256-CCM" \
+            "tls-disabled-cipher = AES-128-CCM" >"$TMP/gnutls.cfg" ;;
+  aes256) printf '[overrides]\n%s\n' "tls-disabled-cipher = AES-128-GCM" \
+            "tls-disabled-cipher = CHACHA20-POLY1305" "tls-disabled-cipher = AES-256-CCM" \
+            "tls-disabled-cipher = AES-128-CCM" >"$TMP/gnutls.cfg" ;;
+  *) fail "CIPHER must be default, aes128 or aes256" ;;
+esac
+[ "$CIPHER" = default ] || export GNUTLS_SYSTEM_PRIORITY_FILE=$TMP/gnutls.cfg
+
+# The suite a server picks, from the ServerHello seen by a one-shot relay.
+suite() {  # NAME
+  local port; port=PORT_$1
+  local rport; rport=$(free_port)
+  rm -f "$TMP/relay-ready"
+  /usr/bin/python3 - "$rport" "${!port}" "$TMP/relay-ready" >"$TMP/suite" 2>/dev/null <<'PY' &
+import socket, struct, sys, threading
+ls = socket.socket(); ls.bind(("127.0.0.1", int(sys.argv[1]))); ls.listen(1)
+open(sys.argv[3], "w").close()
+c, _ = ls.accept(); s = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
+def up():
+    while (d := c.recv(65536)): s.sendall(d)
+    s.shutdown(socket.SHUT_WR)
+threading.Thread(target=up, daemon=True).start()
+buf, done = bytearray(), False
+names = {0x1301: "TLS_AES_128_GCM_SHA256", 0x1302: "TLS_AES_256_GCM_SHA384",
+         0x1303: "TLS_CHACHA20_POLY1305_SHA256"}
+while (d := s.recv(65536)):
+    if not done:
+        buf += d
+        i = buf.find(b"\x16\x03\x03")
+        if i >= 0 and len(buf) > i + 80:
+            p = i + 5 + 4 + 2 + 32
+            p += 1 + buf[p]
+            cs = struct.unpack(">H", buf[p:p + 2])[0]
+            print(names.get(cs, "0x%04x" % cs), flush=True)
+            done = True
+    c.sendall(d)
+PY
+  local rp=$! i
+  for ((i = 0; i < 100; i++)); do [ -e "$TMP/relay-ready" ] && break; sleep 0.05; done
+  if [ "$MODE" = psk ]; then nbdinfo --size "nbds://alice@127.0.0.1:$rport/?tls-psk-file=$PSKF" >/dev/null
+  else nbdinfo --size "nbds://127.0.0.1:$rport/?tls-certificates=$CLIENT" >/dev/null; fi
+  wait $rp 2>/dev/null || true
+  cat "$TMP/suite"
+}
+
+echo "# filling both disks with a non-zero pattern ($SIZE)"
+for s in blkd nbdkit; do
+  nbdcopy -- [ nbdkit pattern "$SIZE" ] "$(uri $s)"
+done
+bytes=$(nbdinfo --size "$(uri blkd)")
+mib=$((bytes / 1048576))
+hz=$(getconf CLK_TCK)
+
+echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "# $(grep -m1 'blkd: TLS' "$TMP/blkd.log")"
+echo "# TLS 1.3 suites (CIPHER=$CIPHER): blkd $(suite blkd), nbdkit $(suite nbdkit)"
+echo "# $ROUNDS rounds, $mib MiB per run, nbdcopy defaults otherwise (multi-conn)"
+printf '%-6s %-5s %-8s %5s %10s %12s\n' server mode req round MiB/s cpu_us/MiB
+: >"$TMP/results"
+mode=$MODE
+  for req in $REQ; do
+    for ((r = 1; r <= ROUNDS; r++)); do
+      for s in blkd nbdkit; do
+        pidv=PID_$s
+        c0=$(cpu_ticks "${!pidv}")
+        t0=$(date +%s.%N)
+        nbdcopy "$(uri $s)" null: --request-size="$req"
+        t1=$(date +%s.%N)
+        c1=$(cpu_ticks "${!pidv}")
+        rate=$(echo "$mib / ($t1 - $t0)" | bc -l)
+        cpu=$(echo "($c1 - $c0) * 1000000 / $hz / $mib" | bc -l)
+        printf '%-6s %-5s %-8s %5d %10.0f %12.0f\n' "$s" "$mode" "$req" "$r" "$rate" "$cpu"
+        echo "$s $mode $req $rate $cpu" >>"$TMP/results"
+      done
+    done
+  done
+
+echo
+echo "# medians (min-max) and blkd/nbdkit ratios"
+/usr/bin/python3 - "$TMP/results" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+keys = sorted({(m, int(q)) for _, m, q, _, _ in rows}, key=lambda k: (k[0], -k[1]))
+print("%-5s %-8s %-26s %-26s %-10s %-10s" % ("mode", "req", "blkd MiB/s", "nbdkit MiB/s",
+                                            "thru ×", "cpu/MiB ×"))
+for m, q in keys:
+    def col(srv, i):
+        return [float(r[i]) for r in rows if r[0] == srv and r[1] == m and int(r[2]) == q]
+    b, n = col("blkd", 3), col("nbdkit", 3)
+    bc, nc = col("blkd", 4), col("nbdkit", 4)
+    fmt = lambda v: "%.0f (%.0f-%.0f)" % (statistics.median(v), min(v), max(v))
+    print("%-5s %-8d %-26s %-26s %-10.2f %-10.2f" % (
+        m, q, fmt(b), fmt(n), statistics.median(b) / statistics.median(n),
+        statistics.median(bc) / statistics.median(nc)))
+    print("%-5s %-8s cpu µs/MiB: blkd %s, nbdkit %s" % ("", "", fmt(bc), fmt(nc)))
+PY
