@@ -48,6 +48,20 @@ grep -q "serving ram" "$TMP/server.log" || fail "start-up line does not name the
 stop_server
 echo "ok: default serves ram of 1 GiB"
 
+echo "# no -i: both IPv4 and IPv6"
+if [ -e /proc/net/if_inet6 ]; then
+  PORT=$(free_port)
+  "$BLKD" -f -p "$PORT" memory 1M >>"$TMP/server.log" 2>&1 &
+  SERVER_PID=$!; SERVER_PIDS+=("$SERVER_PID")
+  wait_port "$PORT"
+  [ "$(nbdinfo --size "nbd://[::1]:$PORT")" = 1048576 ] || fail "no IPv6 listener"
+  [ "$(nbdinfo --size "nbd://127.0.0.1:$PORT")" = 1048576 ] || fail "no IPv4 listener"
+  stop_server
+  echo "ok: listens on IPv4 and IPv6"
+else
+  echo "note: no IPv6 on this machine: dual-stack check not made"
+fi
+
 echo "# plugin by path"
 start_server /usr/lib/x86_64-linux-gnu/nbdkit/plugins/nbdkit-null-plugin.so 5M
 [ "$(nbdinfo --size "$URI")" = 5242880 ] || fail "null plugin by path"
