@@ -3,7 +3,7 @@
 # measured with blkperf compare (A B A B ..., medians and spread per round,
 # see bench/cache-ab-lib.sh).  Writes one markdown file per seed into the
 # directory given (default build/bench) for docs/BENCHMARKS.md.
-#   ROUNDS=3 ITER=6 LEN=3 bench/seeds.sh [OUTDIR]
+#   ROUNDS=3 ITER=6 LEN=3 SEEDS="000 002 004 001" bench/seeds.sh [OUTDIR]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/../build/bench}
@@ -45,11 +45,17 @@ seed002() {
     "ram size=1G" "-t RAND_RW -C 16 -q 8 --prefill --span 256M"
 }
 
-echo "== seed 000: raw-I/O buffers (--iobuf)" >&2
-seed000 | tee "$out/seed000-iobuf.md"
-echo "== seed 002: lock-split queues (--queue)" >&2
-seed002 | tee "$out/seed002-queue.md"
-echo "== seed 004: constructor-free cache (--cache-ctor)" >&2
-"$here/cache-ctor.sh" | tee "$out/seed004-cache-ctor.md"
-echo "== seed 001: compact delay accounting (--delayacct)" >&2
-"$here/delayacct.sh" | tee "$out/seed001-delayacct.md"
+# SEEDS picks which experiments run (all four by default).
+for seed in ${SEEDS:-000 002 004 001}; do
+  case $seed in
+    000) echo "== seed 000: raw-I/O buffers (--iobuf)" >&2
+         seed000 | tee "$out/seed000-iobuf.md" ;;
+    002) echo "== seed 002: lock-split queues (--queue)" >&2
+         seed002 | tee "$out/seed002-queue.md" ;;
+    004) echo "== seed 004: constructor-free cache (--cache-ctor)" >&2
+         "$here/cache-ctor.sh" | tee "$out/seed004-cache-ctor.md" ;;
+    001) echo "== seed 001: compact delay accounting (--delayacct)" >&2
+         "$here/delayacct.sh" | tee "$out/seed001-delayacct.md" ;;
+    *) echo "unknown seed $seed" >&2; exit 1 ;;
+  esac
+done

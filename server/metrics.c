@@ -145,6 +145,15 @@ head (struct evbuffer *b, const char *name, const char *type, const char *help)
   evbuffer_add_printf (b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A series with no labels: its HELP/TYPE head and its one value. */
+static void
+scalar (struct evbuffer *b, const char *name, const char *type, const char *help,
+        uint64_t v)
+{
+  head (b, name, type, help);
+  evbuffer_add_printf (b, "%s %" PRIu64 "\n", name, v);
+}
+
 /* ---- /metrics ------------------------------------------------------- */
 
 static void
@@ -222,16 +231,15 @@ on_metrics (struct evhttp_request *req, void *arg)
   for (int k = 0; k < last; k++)
     evbuffer_add_printf (b, "blkd_errors_total{cmd=\"%s\"} %" PRIu64 "\n", cmd_label[k],
                          t.errors[k]);
-  head (b, "blkd_requests_in_flight", "gauge", "Requests parsed and not yet finished.");
-  evbuffer_add_printf (b, "blkd_requests_in_flight %" PRIu64 "\n",
-                       t.started > t.completed ? t.started - t.completed : 0);
-  head (b, "blkd_connections", "gauge", "Client connections open now.");
-  evbuffer_add_printf (b, "blkd_connections %u\n", shard_total_conns ());
+  scalar (b, "blkd_requests_in_flight", "gauge", "Requests parsed and not yet finished.",
+          t.started > t.completed ? t.started - t.completed : 0);
+  scalar (b, "blkd_connections", "gauge", "Client connections open now.",
+          shard_total_conns ());
   pthread_mutex_lock (&reg_lock);
   uint64_t total = reg_total;
   pthread_mutex_unlock (&reg_lock);
-  head (b, "blkd_connections_accepted_total", "counter", "Client connections accepted.");
-  evbuffer_add_printf (b, "blkd_connections_accepted_total %" PRIu64 "\n", total);
+  scalar (b, "blkd_connections_accepted_total", "counter", "Client connections accepted.",
+          total);
 
   head (b, "blkd_delayacct_info", "gauge", "Delay accounting mode (--delayacct).");
   evbuffer_add_printf (b, "blkd_delayacct_info{mode=\"%s\"} 1\n", mode_name[cfg.delayacct]);
@@ -242,22 +250,22 @@ on_metrics (struct evhttp_request *req, void *arg)
   if (blk_cache) {
     struct cache_totals c;
     cache_totals (&c);
-    head (b, "blkd_cache_hits_total", "counter", "Block cache lookups that found the block.");
-    evbuffer_add_printf (b, "blkd_cache_hits_total %" PRIu64 "\n", c.hits);
-    head (b, "blkd_cache_misses_total", "counter", "Block cache lookups that read the plugin.");
-    evbuffer_add_printf (b, "blkd_cache_misses_total %" PRIu64 "\n", c.misses);
-    head (b, "blkd_cache_evictions_total", "counter", "Blocks evicted to make room.");
-    evbuffer_add_printf (b, "blkd_cache_evictions_total %" PRIu64 "\n", c.evictions);
-    head (b, "blkd_cache_writebacks_total", "counter", "Dirty blocks written to the plugin.");
-    evbuffer_add_printf (b, "blkd_cache_writebacks_total %" PRIu64 "\n", c.writebacks);
-    head (b, "blkd_cache_dirty_bytes", "gauge", "Bytes in dirty blocks (writeback).");
-    evbuffer_add_printf (b, "blkd_cache_dirty_bytes %" PRIu64 "\n", c.dirty_bytes);
-    head (b, "blkd_cache_entries", "gauge", "Blocks held.");
-    evbuffer_add_printf (b, "blkd_cache_entries %" PRIu64 "\n", c.entries);
-    head (b, "blkd_cache_bytes", "gauge", "Memory of the cache's slabs.");
-    evbuffer_add_printf (b, "blkd_cache_bytes %" PRIu64 "\n", c.bytes);
-    head (b, "blkd_cache_capacity_bytes", "gauge", "Bound on the blocks held (--cache).");
-    evbuffer_add_printf (b, "blkd_cache_capacity_bytes %" PRIu64 "\n", c.capacity_bytes);
+    scalar (b, "blkd_cache_hits_total", "counter",
+            "Block cache lookups that found the block.", c.hits);
+    scalar (b, "blkd_cache_misses_total", "counter",
+            "Block cache lookups that read the plugin.", c.misses);
+    scalar (b, "blkd_cache_evictions_total", "counter",
+            "Blocks evicted to make room.", c.evictions);
+    scalar (b, "blkd_cache_writebacks_total", "counter",
+            "Dirty blocks written to the plugin.", c.writebacks);
+    scalar (b, "blkd_cache_dirty_bytes", "gauge",
+            "Bytes in dirty blocks (writeback).", c.dirty_bytes);
+    scalar (b, "blkd_cache_entries", "gauge",
+            "Blocks held.", c.entries);
+    scalar (b, "blkd_cache_bytes", "gauge",
+            "Memory of the cache's slabs.", c.bytes);
+    scalar (b, "blkd_cache_capacity_bytes", "gauge",
+            "Bound on the blocks held (--cache).", c.capacity_bytes);
   }
 
   head (b, "blkd_iobuf_pool_bytes", "gauge", "Request buffer pool memory, by shard.");
