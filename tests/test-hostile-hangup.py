@@ -13,8 +13,8 @@
 # the server's RSS must stay bounded (pool bound + overhead, measured
 # ~265 MiB; the check allows iobuf-mem + 160 MiB, doubled under ASan), and
 # must not grow when this is repeated (buffers are reused, not leaked).
-# Meanwhile a second client on another shard is served.  (A second client
-# on the *same* shard starves: tests/test-hostile-pending.py.)
+# Meanwhile a second client on another shard is served, and with one
+# shard a second client on the hoarder's own shard is served too.
 # After every case: server alive, second client round trip, fds and RSS flat.
 import os
 import socket
@@ -171,6 +171,33 @@ def _():
     ok("another client served while replies pile up")
     hang(c, "close")
     t.join(5)
+
+
+@case("a non-reading client does not starve its own shard (--shards 1)")
+def _():
+    # One connection may hold only its share of the shard's pool, so a
+    # client that never reads cannot park every other client.
+    s2 = Server(["ram", "size=64M"], opts=["--shards", "1", "--iobuf-mem", "64M"] + EXTRA_OPTS)
+    c = RawClient(s2)
+    c.handshake(structured=False)
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    t = send_bg(c, reads(1000, span=60))
+    time.sleep(1.0)
+    d = RawClient(s2, timeout=5)
+    try:
+        d.handshake(structured=False)
+        for i in range(20):
+            d.send_request(NBD_CMD_READ, i * MiB, MiB, cookie=i)
+            got = d.recv_reply(MiB)[:2]
+            if got != (i, 0):
+                fail("second client's READ %d on the hoarder's shard: %r" % (i, got))
+    except (OSError, EOFError) as e:
+        fail("second client on the hoarder's shard starved: %s" % e)
+    ok("20 x 1 MiB READs by a second client on the hoarder's shard")
+    d.disconnect()
+    hang(c, "close")
+    t.join(5)
+    s2.stop()
 
 
 @case("pile-up repeated 4 times (close, reset, DISC unread): RSS does not grow")

@@ -45,175 +45,46 @@ def send_bg(sock, data):
     return t
 
 
-@pending("pool-stall-never-woken",
-         "a connection that stalls on the buffer pool is never woken when its own "
-         "replies free the buffers: a plain pipelining client hangs for ever")
-def pool_stall():
-    """Inline dispatch (ram, memory, ... -- the default for in-memory
-    plugins): a READ that finds the pool at its bound parks the connection
-    (stalled_req, shard_wait_buffers, reading paused).  The replies queued
-    ahead of it are then sent by conn_flush() at the end of conn_pump() and
-    their buffers go back to the pool -- but shard_wake_waiters() runs only
-    from conn_on_write() (after an EAGAIN) and shard_on_notify() (worker
-    completions, hand-overs).  When the socket took every byte, neither
-    comes, and the connection waits for ever.  Reproduction: --shards 1
-    --iobuf-mem 1M --max-request 512K, one client pipelines 64 x 512 KiB
-    READs and reads every reply: it gets 2 and hangs.  (With the defaults,
-    1G and 32M, 17 pipelined 32 MiB READs on one shard do the same.)
-    Fix: in conn_on_read(), after shard_flush_marked (s), call
-    shard_wake_waiters (s)."""
-    K = 1024
-    for bs in (512 * K, 64 * K):
-        srv = Server(["ram", "size=64M"], opts=["--shards", "1", "--iobuf-mem", "1M",
-                                                "--max-request", "512K"])
-        c = RawClient(srv, timeout=5)
-        c.handshake(structured=False)
-        c.sock.sendall(b"".join(RawClient.request(NBD_CMD_READ, i * bs, bs, cookie=i)
-                                for i in range(64)))
-        got = 0
-        try:
-            for i in range(64):
-                c.recv_reply(bs)
-                got += 1
-        except (OSError, EOFError):
-            pass
-        c.close()
-        srv.stop()
-        check_eq(got, 64, "replies to 64 pipelined %d KiB READs through a 1 MiB pool" % (bs // K))
+# Fixed in c577f7f and moved into the suites: pool-stall-never-woken
+# (test-hostile-requests.py), handshake-output-unbounded
+# (test-hostile-handshake.py), pool-starvation-same-shard
+# (test-hostile-hangup.py), replies-dropped-on-protocol-error
+# (test-hostile-requests.py, test-hostile-handshake.py),
+# handshake-timeout-early (test-limits-handshake-timeout.sh).
 
 
-@pending("handshake-output-unbounded",
-         "option replies a client never reads pile up in conn->obuf without bound")
-def handshake_output_unbounded():
-    """A client that pipelines options and never reads the replies makes
-    blkd grow conn->obuf without limit: handshake_consume keeps parsing
-    (nothing pauses reading while output is queued) and every option
-    appends a reply (ERR_UNSUP + message = 40 bytes per 16-byte option).
-    Measured: 300 MiB of unknown options -> ~740 MiB RSS in under a second,
-    well inside --handshake-timeout.  Fix: stop reading while more than a
-    bound (64 KiB) of handshake output is unsent; resume in conn_flush."""
-    srv = Server(["ram", "size=16M"], opts=["--shards", "1"])
-    rss0 = vmrss_mib(srv.proc.pid)
-    c = RawClient(srv)
-    c.start()
-    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    blob = struct.pack(">QII", NBD_OPTS_MAGIC, 0x1234, 0) * 65536      # 1 MiB
-    t = send_bg(c.sock, blob * 200)
-    t.join(8)
-    rss = vmrss_mib(srv.proc.pid)
-    c.close()
-    srv.stop()
-    check(rss - rss0 < 64, "RSS growth while 200 MiB of options go unanswered: %.0f MiB "
-          "(must stay < 64)" % (rss - rss0))
-
-
-@pending("pool-starvation-same-shard",
-         "a client that never reads replies holds the shard's whole buffer pool; "
-         "every other client on that shard waits forever")
-def pool_starvation():
-    """One client sends 1000 x 1 MiB READs and reads nothing.  Its replies
-    keep their pool buffers until sent, so it takes the shard's whole
-    --iobuf-mem share (bounded: RSS is fine) and parks on the waiter list;
-    every other connection on that shard then waits in shard_wait_buffers
-    for buffers that only the hoarder can release.  With --shards 1 the
-    whole server stops serving.  Fix: a per-connection cap on pool bytes
-    held (e.g. pool limit / 4, at least 2 x max_request): past it the
-    connection pauses like at --max-inflight and resumes when its replies
-    drain, so no single client can starve the shard."""
-    srv = Server(["ram", "size=64M"], opts=["--shards", "1", "--iobuf-mem", "64M"])
-    c = RawClient(srv)
+@pending("idle-timeout-after-long-request",
+         "--idle-timeout counts from the last request read, not from the last reply: "
+         "a client is dropped right after a long request completes")
+def idle_after_long_request():
+    """t_active is stamped only in conn_on_read().  A request that runs
+    longer than --idle-timeout leaves the connection 'idle' since it was
+    read, so as soon as its reply is out (inflight == 0) the next sweep
+    drops the connection -- the client gets its reply and, if it sends its
+    next request a moment later (here 1.2 s, with --idle-timeout 2), finds
+    the connection closed.  Fix: stamp t_active also when a reply is sent
+    (conn_flush() emptying the send queue, or request_free() taking
+    inflight to 0), so idleness counts from the last activity either way."""
+    ev = "/usr/lib/x86_64-linux-gnu/nbdkit/plugins/nbdkit-eval-plugin.so"
+    if not os.path.exists(ev):
+        note("nbdkit eval plugin not installed: check not made")
+        return
+    srv = Server(["eval", "get_size=echo 1048576", "open=echo h",
+                  "pread=sleep 3; head -c $3 /dev/zero", "thread_model=echo parallel"],
+                 opts=["--idle-timeout", "2"])
+    c = RawClient(srv, timeout=10)
     c.handshake(structured=False)
-    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    reqs = b"".join(RawClient.request(NBD_CMD_READ, (i % 60) * MiB, MiB, cookie=i + 1)
-                    for i in range(1000))
-    send_bg(c.sock, reqs)
-    time.sleep(1.0)
-    d = RawClient(srv, timeout=5)
+    c.send_request(NBD_CMD_READ, 0, 4096, cookie=1)
+    check_eq(c.recv_reply(4096)[:2], (1, 0), "a 3 s READ under --idle-timeout 2")
+    time.sleep(1.2)
     try:
-        d.handshake(structured=False)
-        d.send_request(NBD_CMD_READ, 0, 4096, cookie=5)
-        got = d.recv_reply(4096)[:2]
+        c.send_request(NBD_CMD_READ, 0, 4096, cookie=2)
+        got = c.recv_reply(4096)[:2]
     except (OSError, EOFError) as e:
         got = repr(e)
     c.close()
-    d.close()
     srv.stop()
-    check_eq(got, (5, 0), "second client's 4 KiB READ on the hoarder's shard within 5 s")
-
-
-@pending("replies-dropped-on-protocol-error",
-         "replies already produced are thrown away when a later header is bad")
-def replies_dropped():
-    """Three good READs and a request with a bad magic in one packet: the
-    three READs are executed, but conn_close_now() (process_input == -1)
-    drops their queued replies, so the client gets none.  The same for
-    LIST's replies before a bad option magic.  Allowed by the spec (the
-    server may close), but it throws away answers to valid requests,
-    including completed writes.  Fix: on a protocol error set want_close,
-    stop reading and conn_flush(), letting conn_maybe_free() close once the
-    queued replies are out (bounded by the handshake/idle timeouts if the
-    client never reads)."""
-    srv = Server(["ram", "size=16M"])
-    c = RawClient(srv)
-    c.handshake(structured=False)
-    c.sock.sendall(RawClient.request(NBD_CMD_READ, 0, 512, cookie=1) * 3
-                   + RawClient.request(NBD_CMD_READ, 0, 512, magic=0))
-    got = 0
-    c.sock.settimeout(5)
-    try:
-        while True:
-            c.recv_reply(512)
-            got += 1
-    except (EOFError, OSError):
-        pass
-    c.close()
-    c = RawClient(srv)
-    c.start()
-    c.sock.sendall(struct.pack(">QII", NBD_OPTS_MAGIC, NBD_OPT_LIST, 0)
-                   + struct.pack(">QII", 0x1122334455667788, NBD_OPT_GO, 0))
-    types = []
-    try:
-        while True:
-            types.append(c.recv_opt_reply()[1])
-    except (EOFError, OSError):
-        pass
-    c.close()
-    srv.stop()
-    check_eq(got, 3, "replies to 3 READs sent before a bad request magic")
-    check(NBD_REP_ACK in types, "LIST answered before a bad option magic", repr(types))
-
-
-@pending("handshake-timeout-early",
-         "timeouts are checked on whole-second stamps: --handshake-timeout 1 can drop "
-         "a client milliseconds after it connects")
-def timeout_early():
-    """shard_sweep compares time(NULL) stamps with >=, once a second, so a
-    connection made at x.99 s is 'one second old' at the first sweep after
-    x+1.0 -- with --handshake-timeout 1 it can be dropped 10 ms after
-    connecting; in general the limit fires anywhere in (T-1, T+1].  The
-    same holds for --idle-timeout.  Fix: stamp with a monotonic clock in
-    ms (or ns, now_ns()) and compare against the limit in the same unit,
-    or keep seconds but compare with > so the window is [T, T+2)."""
-    servers = [Server(["ram", "size=16M"], opts=["--handshake-timeout", "1"]) for _ in range(2)]
-    worst = 10.0
-    for srv in servers:
-        for _ in range(2):
-            # Connect just before a wall-clock second boundary.
-            time.sleep((0.985 - time.time() % 1.0) % 1.0)
-            t0 = time.time()
-            s = srv.connect_socket()
-            s.settimeout(3)
-            try:
-                while s.recv(4096):
-                    pass
-            except OSError:
-                pass
-            worst = min(worst, time.time() - t0)
-            s.close()
-    for srv in servers:
-        srv.stop()
-    check(worst >= 0.9, "--handshake-timeout 1 never drops a client before 0.9 s "
-          "(earliest drop: %.3f s)" % worst)
+    check_eq(got, (2, 0), "the next READ, 1.2 s after the reply (idle 1.2 s < 2 s)")
 
 
 if __name__ == "__main__":
@@ -222,6 +93,9 @@ if __name__ == "__main__":
         skip("blkd-specific pending checks")
     names = sys.argv[1:]
     todo = [p for p in PENDING if not names or p[0] in names]
+    if not todo:
+        print("nothing pending: every hostile check is in its suite")
+        sys.exit(0)
     if os.environ.get("HOSTILE_PENDING") != "1":
         for name, reason, _ in todo:
             print("pending: %s: %s" % (name, reason))

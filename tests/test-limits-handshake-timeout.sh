@@ -28,9 +28,7 @@ o_idle = off.connect_socket()
 
 def closed_between(sock, lo, hi, t0, what):
     """The server closes sock no earlier than lo and no later than hi
-    seconds after t0.  Sweeps run once a second on whole-second stamps, so
-    a close can come up to 1 s early (see tests/test-hostile-pending.py);
-    the windows here allow for that."""
+    seconds after t0 (a sweep once a second: up to 1 s late, never early)."""
     sock.settimeout(max(0.1, hi - (time.time() - t0)))
     try:
         while True:
@@ -78,7 +76,7 @@ def scenario(name, fn):
 def silent():
     t0 = time.time()
     s = srv.connect_socket()
-    closed_between(s, T - 1.05, T + 2.5, t0, "silent client (greeting unread)")
+    closed_between(s, T - 0.05, T + 2.5, t0, "silent client (greeting unread)")
 
 
 def mid_option():
@@ -86,7 +84,7 @@ def mid_option():
     c = RawClient(srv)
     c.start()
     c.sock.sendall(struct.pack(">QII", NBD_OPTS_MAGIC, NBD_OPT_GO, 100) + b"\0" * 10)
-    closed_between(c.sock, T - 1.05, T + 2.5, t0, "client stuck mid-option")
+    closed_between(c.sock, T - 0.05, T + 2.5, t0, "client stuck mid-option")
 
 
 def slow_loris():
@@ -100,7 +98,7 @@ def slow_loris():
             time.sleep(0.3)
     except (EOFError, OSError, ProtocolError):
         dt = time.time() - t0
-        check(T - 1.05 <= dt <= T + 2.5, "slow-loris client closed after %.1f s" % dt)
+        check(T - 0.05 <= dt <= T + 2.5, "slow-loris client closed after %.1f s" % dt)
         return
     fail("slow-loris client still negotiating after %d s" % (T + 3))
 
@@ -135,7 +133,7 @@ threads = [scenario(n, f) for n, f in (("silent", silent), ("mid-option", mid_op
 t_crowd = time.time()
 crowd = [srv.connect_socket() for _ in range(20)]
 for i, s in enumerate(crowd):
-    closed_between(s, T - 1.05, T + 2.5, t_crowd, "silent client %d of a crowd of 20" % i)
+    closed_between(s, T - 0.05, T + 2.5, t_crowd, "silent client %d of a crowd of 20" % i)
 for t in threads:
     t.join()
 for name, err in results:
@@ -148,9 +146,23 @@ check_eq(c.recv_reply(4096)[:2], (9, 0), "a new client after the crowd was dropp
 c.disconnect()
 srv.check_alive()
 
+# Never early: with --handshake-timeout 1, clients that connect just before
+# a wall-clock second boundary (where whole-second stamps would round
+# them up to "one second old") stay at least 1 s.
+early = Server(["ram", "size=16M"], opts=["--handshake-timeout", "1"])
+worst = 10.0
+for _ in range(3):
+    time.sleep((0.985 - time.time() % 1.0) % 1.0)
+    t0 = time.time()
+    s = early.connect_socket()
+    peer_closed_eventually(s, 3)
+    worst = min(worst, time.time() - t0)
+    s.close()
+check(worst >= 0.95, "--handshake-timeout 1 never drops a client early (earliest: %.3f s)" % worst)
+
 # --handshake-timeout 0: never.
 check(not peer_closed_eventually(o_idle, 0.2),
       "--handshake-timeout 0: idle client still open after %.0f s" % (time.time() - t_start))
 # Default: 10 s (the connection was opened at t_start and never read).
-closed_between(d_idle, 8.95, 13.0, t_start, "default --handshake-timeout (10 s)")
+closed_between(d_idle, 9.95, 13.0, t_start, "default --handshake-timeout (10 s)")
 PYEOF
