@@ -62,9 +62,10 @@ def idle_after_long_request():
     read, so as soon as its reply is out (inflight == 0) the next sweep
     drops the connection -- the client gets its reply and, if it sends its
     next request a moment later (here 1.2 s, with --idle-timeout 2), finds
-    the connection closed.  Fix: stamp t_active also when a reply is sent
-    (conn_flush() emptying the send queue, or request_free() taking
-    inflight to 0), so idleness counts from the last activity either way."""
+    the connection closed.  Fix: stamp t_active also when output moves
+    (send_pending() after a successful send), so idleness counts from the
+    last activity either way -- the same change fixes
+    hoarders-outlive-idle-timeout (diff in docs/RELIABILITY.md)."""
     ev = "/usr/lib/x86_64-linux-gnu/nbdkit/plugins/nbdkit-eval-plugin.so"
     if not os.path.exists(ev):
         note("nbdkit eval plugin not installed: check not made")
@@ -85,6 +86,52 @@ def idle_after_long_request():
     c.close()
     srv.stop()
     check_eq(got, (2, 0), "the next READ, 1.2 s after the reply (idle 1.2 s < 2 s)")
+
+
+@pending("hoarders-outlive-idle-timeout",
+         "clients that stop reading their replies are never idle (inflight > 0), so "
+         "four of them hold a shard's pool for ever, --idle-timeout or not")
+def hoarders():
+    """Since c577f7f one connection may hold a quarter of its shard's pool,
+    so four clients that pipeline READs and never read a reply fill it,
+    and every other client on the shard waits for buffers.  --idle-timeout
+    does not help: it only drops connections with nothing in flight, and
+    these have replies queued for ever.  Reproduction: --shards 1
+    --iobuf-mem 64M --max-request 4M --idle-timeout 2, four clients send
+    1000 x 1 MiB READs each and read nothing; a fifth client's 1 MiB READ
+    gets no answer even after 6 s.  Fix: treat a connection whose queued
+    output makes no progress for --idle-timeout seconds as idle too: stamp
+    t_active when send_pending() moves bytes, let shard_sweep() drop a
+    transmission connection that has nothing in flight *or* replies
+    queued, once t_active is older than the limit, and call
+    shard_wake_waiters() at the end of the sweep (the closed connections'
+    buffers are what the others wait for).  Verified: with that diff
+    (docs/RELIABILITY.md) this and idle-timeout-after-long-request pass,
+    and so does every hostile and limits test."""
+    srv = Server(["ram", "size=64M"], opts=["--shards", "1", "--iobuf-mem", "64M",
+                                            "--max-request", "4M", "--idle-timeout", "2"])
+    hoard = []
+    for k in range(4):
+        c = RawClient(srv)
+        c.handshake(structured=False)
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        send_bg(c.sock, b"".join(RawClient.request(NBD_CMD_READ, (i % 60) * MiB, MiB, cookie=i)
+                                 for i in range(1000)))
+        hoard.append(c)
+    time.sleep(1.0)
+    d = RawClient(srv, timeout=6)
+    try:
+        d.handshake(structured=False)
+        d.send_request(NBD_CMD_READ, 0, MiB, cookie=7)
+        got = d.recv_reply(MiB)[:2]
+    except (OSError, EOFError) as e:
+        got = repr(e)
+    for c in hoard:
+        c.close()
+    d.close()
+    srv.stop()
+    check_eq(got, (7, 0), "a fifth client's READ while four clients hoard the pool "
+             "(--idle-timeout 2, waited 6 s)")
 
 
 if __name__ == "__main__":
