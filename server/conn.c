@@ -127,7 +127,10 @@ request_free (struct conn *c, struct request *r)
     c->buf_bytes -= r->buf->cap;
   iobuf_put (pool, r->buf);
   iobuf_req_put (pool, r);
-  c->inflight--;
+  /* Idle time counts from the last reply too, not only the last request:
+   * a request that ran longer than --idle-timeout is not idleness. */
+  if (--c->inflight == 0 && cfg.idle_timeout)
+    c->t_active = now_ns ();
 }
 
 static void
@@ -192,6 +195,8 @@ send_pending (struct conn *c)
     }
 
     size_t left = sent;
+    if (cfg.idle_timeout && sent > 0)
+      c->t_active = now_ns ();      /* output moving: the client is alive */
     if (c->ooff < c->olen) {
       size_t k = c->olen - c->ooff < left ? c->olen - c->ooff : left;
       c->ooff += k;

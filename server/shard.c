@@ -234,13 +234,19 @@ shard_sweep (evutil_socket_t fd, short what, void *arg)
       log_info ("handshake not finished after %u s; closing", cfg.handshake_timeout);
       conn_close_now (c);
     }
-    else if (c->phase == CONN_TRANSMISSION && cfg.idle_timeout && c->inflight == 0
+    /* Idle: nothing in flight, or replies the client is not reading (a
+     * client that stops reading must not hold its buffers for ever). */
+    else if (c->phase == CONN_TRANSMISSION && cfg.idle_timeout
+             && (c->inflight == 0 || c->sendq_head || c->olen > c->ooff)
              && now - c->t_active >= cfg.idle_timeout * sec) {
       log_info ("idle for %u s; closing", cfg.idle_timeout);
       conn_close_now (c);
     }
     log_current = NULL;
   }
+  /* Connections closed above gave their buffers back: let waiters retry. */
+  if (s->waiters)
+    shard_wake_waiters (s);
 }
 
 static void

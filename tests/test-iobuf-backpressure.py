@@ -82,8 +82,16 @@ for mode in ("pool", "calloc"):
     print("server RSS: base %d KiB, peak %d KiB, grew %.1f MiB" % (base, peak, grew / 1048576))
     # In flight were 160 MiB; the pool may hold BOUND, plus slack for libnbd
     # and allocator noise.  Without the bound this grows by ~160 MiB.
-    check(grew < BOUND + (24 << 20), "server memory growth (%.0f MiB) stays within the bound"
-          % (grew / 1048576))
+    with open("/proc/%d/maps" % srv.proc.pid) as f:
+        asan = "libasan" in f.read()
+    if asan and mode == "calloc":
+        # ASan's quarantine keeps every freed buffer for a while, so RSS
+        # measures the quarantine, not the pool: nothing to check here.
+        print("note: ASan build, calloc mode: RSS bound not checked (quarantine)")
+    else:
+        slack = (24 << 20) * (2 if asan else 1)
+        check(grew < BOUND + slack, "server memory growth (%.0f MiB) stays within the bound"
+              % (grew / 1048576))
     for h in conns:
         h.shutdown()
     with open(srv.log_path, "rb") as f:
