@@ -62,6 +62,24 @@ for model, name in ((1, "SERIALIZE_ALL_REQUESTS"), (2, "SERIALIZE_REQUESTS"),
     srv.check_alive()
     srv.stop()
 
+print("# a plugin's maximum request smaller than blkd's is advertised and enforced")
+srv = Server([MODELS, "model=3"])
+h = nbd.NBD()
+h.set_strict_mode(0)                 # let libnbd send what the server must refuse
+h.connect_uri(srv.uri)
+check_eq(h.get_block_size(nbd.SIZE_MAXIMUM), 1 << 20, "advertised maximum is the plugin's")
+check_eq(len(h.pread(1 << 20, 0)), 1 << 20, "a 1 MiB read (the maximum) works")
+try:
+    h.pread(2 << 20, 0)
+    if not IS_NBDKIT:
+        fail("a 2 MiB read over the plugin's 1 MiB maximum was served")
+    print("note: nbdkit 1.32 serves requests over a plugin's maximum")
+except nbd.Error as e:
+    check_eq(nbd_errno(e), 22, "a read over the plugin's maximum fails with EINVAL")
+check_eq(len(h.pread(4096, 0)), 4096, "connection still usable")
+h.shutdown()
+srv.stop()
+
 print("# thread model 0 (SERIALIZE_CONNECTIONS): one client at a time")
 srv = Server([MODELS, "model=0"])
 a = nbd_connect(srv)

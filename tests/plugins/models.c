@@ -100,8 +100,20 @@ models_pread (void *handle, void *buf, uint32_t count, uint64_t offset, uint32_t
   return 0;
 }
 
+/* Advertises a 1 MiB maximum request, so the host's enforcement of a
+ * plugin maximum smaller than its own can be tested. */
+static int
+models_block_size (void *handle, uint32_t *min, uint32_t *pref, uint32_t *max)
+{
+  *min = 1;
+  *pref = 4096;
+  *max = 1024 * 1024;
+  return 0;
+}
+
 static struct nbdkit_plugin plugin = {
   .name = "models",
+  .block_size = models_block_size,
   .config = models_config,
   .magic_config_key = "model",
   .thread_model = models_thread_model,
