@@ -154,6 +154,25 @@ scalar (struct evbuffer *b, const char *name, const char *type, const char *help
   evbuffer_add_printf (b, "%s %" PRIu64 "\n", name, v);
 }
 
+/* Every endpoint builds its body in a fresh buffer and sends it whole. */
+static struct evbuffer *
+reply_begin (struct evhttp_request *req)
+{
+  struct evbuffer *b = evbuffer_new ();
+  if (!b)
+    evhttp_send_error (req, 500, "out of memory");
+  return b;
+}
+
+static void
+reply_end (struct evhttp_request *req, int code, const char *reason,
+           const char *content_type, struct evbuffer *b)
+{
+  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type", content_type);
+  evhttp_send_reply (req, code, reason, b);
+  evbuffer_free (b);
+}
+
 /* ---- /metrics ------------------------------------------------------- */
 
 static void
@@ -209,11 +228,9 @@ prom_delay (struct evbuffer *b, int ph)
 static void
 on_metrics (struct evhttp_request *req, void *arg)
 {
-  struct evbuffer *b = evbuffer_new ();
-  if (!b) {
-    evhttp_send_error (req, 500, "out of memory");
+  struct evbuffer *b = reply_begin (req);
+  if (!b)
     return;
-  }
   struct totals t;
   gather (&t);
   int last = t.requests[NBD_CMD_COUNT] ? DA_NCMD : NBD_CMD_COUNT;
@@ -282,10 +299,7 @@ on_metrics (struct evhttp_request *req, void *arg)
   head (b, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.");
   evbuffer_add_printf (b, "process_cpu_seconds_total %.6f\n", user + sys);
 
-  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",
-                     "text/plain; version=0.0.4; charset=utf-8");
-  evhttp_send_reply (req, 200, "OK", b);
-  evbuffer_free (b);
+  reply_end (req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", b);
 }
 
 /* ---- /stats --------------------------------------------------------- */
@@ -309,11 +323,9 @@ json_str (struct evbuffer *b, const char *s)
 static void
 on_stats (struct evhttp_request *req, void *arg)
 {
-  struct evbuffer *b = evbuffer_new ();
-  if (!b) {
-    evhttp_send_error (req, 500, "out of memory");
+  struct evbuffer *b = reply_begin (req);
+  if (!b)
     return;
-  }
   struct totals t;
   gather (&t);
   double user, sys;
@@ -394,10 +406,7 @@ on_stats (struct evhttp_request *req, void *arg)
   pthread_mutex_unlock (&reg_lock);
   evbuffer_add_printf (b, "]}\n");
 
-  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",
-                     "application/json");
-  evhttp_send_reply (req, 200, "OK", b);
-  evbuffer_free (b);
+  reply_end (req, 200, "OK", "application/json", b);
 }
 
 /* ---- /healthz and the rest ------------------------------------------ */
@@ -405,16 +414,13 @@ on_stats (struct evhttp_request *req, void *arg)
 static void
 on_healthz (struct evhttp_request *req, void *arg)
 {
-  struct evbuffer *b = evbuffer_new ();
-  if (!b) {
-    evhttp_send_error (req, 500, "out of memory");
+  struct evbuffer *b = reply_begin (req);
+  if (!b)
     return;
-  }
   bool draining = atomic_load (&server_stopping);
   evbuffer_add_printf (b, draining ? "draining\n" : "ok\n");
-  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type", "text/plain");
-  evhttp_send_reply (req, draining ? 503 : 200, draining ? "Service Unavailable" : "OK", b);
-  evbuffer_free (b);
+  reply_end (req, draining ? 503 : 200, draining ? "Service Unavailable" : "OK",
+             "text/plain", b);
 }
 
 static void
