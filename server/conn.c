@@ -27,6 +27,11 @@
 /* Handshake replies a client has not read: past this, stop parsing its
  * options, or a client that never reads could grow obuf without bound. */
 #define OBUF_PAUSE       (64 * 1024)
+/* Replies queued past this are sent before the next request runs, while
+ * their bytes are still in cache: a client with 64 x 256 KiB reads in
+ * flight would otherwise have 16 MiB read from the plugin before the first
+ * byte is copied (or sealed) again, from memory instead of L2. */
+#define SEND_EAGER       (128 * 1024)
 
 static atomic_ullong next_conn_id = 1;
 
@@ -142,6 +147,7 @@ drop_output (struct conn *c)
     request_free (c, r);
   }
   c->sendq_tail = NULL;
+  c->sendq_bytes = 0;
   c->olen = c->ooff = 0;
 }
 
@@ -185,8 +191,10 @@ send_pending (struct conn *c)
 
     ssize_t sent = conn_sendv (c, iov, n);
     if (sent < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK)
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        c->send_full = true;
         return 1;
+      }
       if (errno == EINTR)
         continue;
       if (errno != EPIPE && errno != ECONNRESET)
@@ -204,6 +212,7 @@ send_pending (struct conn *c)
       if (c->ooff == c->olen)
         c->ooff = c->olen = 0;
     }
+    c->sendq_bytes -= left;
     while (c->sendq_head && (left > 0 || c->sendq_head->iov_sent == c->sendq_head->niov)) {
       struct request *r = c->sendq_head;
       while (r->iov_sent < r->niov && left > 0) {
@@ -241,12 +250,14 @@ conn_flush (struct conn *c)
     }
     if (r == 1)
       event_add (c->ev_write, NULL);
-    else
+    else {
       event_del (c->ev_write);
+      c->send_full = false;
+    }
   }
   if (conn_maybe_free (c))
     return;
-  if (c->read_paused && !c->waiting_buffers && !c->stalled_req
+  if (c->read_paused && !c->waiting_buffers && !c->stalled_req && !c->send_full
       && c->inflight < cfg.max_inflight && c->olen - c->ooff <= OBUF_PAUSE)
     conn_resume_reading (c);
 }
@@ -280,6 +291,15 @@ conn_on_complete (struct request *r)
   else
     c->sendq_head = r;
   c->sendq_tail = r;
+  for (unsigned i = 0; i < r->niov; i++)
+    c->sendq_bytes += r->iov[i].iov_len;
+  /* Big replies go out now, before the next request evicts them from
+   * cache.  Errors wait for the conn_flush that follows every batch (it
+   * meets them again and closes); closing here would free c under the
+   * parser.  A full socket sets send_full, which stops the parser. */
+  if (c->sendq_bytes >= SEND_EAGER && !c->send_full && !c->starttls_pending
+      && c->phase == CONN_TRANSMISSION)
+    send_pending (c);
   shard_mark_flush (c->shard, c);
 }
 
@@ -397,7 +417,7 @@ conn_pump (struct conn *c, bool do_read)
       pause_reading (c);
       break;
     }
-    if (c->stalled_req || c->inflight >= cfg.max_inflight) {
+    if (c->stalled_req || c->inflight >= cfg.max_inflight || c->send_full) {
       pause_reading (c);
       break;
     }

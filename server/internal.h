@@ -221,6 +221,8 @@ struct conn {
   uint8_t *obuf;
   size_t olen, ooff, ocap;
   struct request *sendq_head, *sendq_tail;
+  size_t sendq_bytes;             /* reply bytes queued, not yet sent */
+  bool send_full;                 /* the socket refused bytes: parse no more */
 
   unsigned inflight;              /* parsed, not yet freed */
   uint64_t t_created, t_active;   /* now_ns(), for the timeouts sweep */

@@ -499,7 +499,8 @@ int
 protocol_consume (struct conn *c)
 {
   for (;;) {
-    if (c->stalled_req || c->want_close || c->phase != CONN_TRANSMISSION)
+    if (c->stalled_req || c->want_close || c->phase != CONN_TRANSMISSION
+        || c->send_full)
       return 0;
     uint8_t *in = c->rbuf + c->roff;
     size_t avail = c->rlen - c->roff;
