@@ -97,4 +97,4 @@ install: all
 	for p in $(PLUGINS); do install -m 0755 $$p $(DESTDIR)$(PLUGINDIR)/; done
 
 clean:
-	rm -rf build blkd blkperf $(PLUGINS) $(TEST_BINS)
+	rm -rf build blkd blkperf $(PLUGINS) $(TEST_BINS) $(TEST_HELPERS)

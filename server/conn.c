@@ -521,7 +521,7 @@ conn_maybe_free (struct conn *c)
   bool closing = c->fd < 0 || c->want_close;
   if (!closing)
     return false;
-  if (c->fd >= 0 && (c->sendq_head || c->olen > c->ooff))
+  if (c->fd >= 0 && (c->sendq_head || c->olen > c->ooff || tls_unsent (c)))
     return false;                   /* still sending the last replies */
   if (c->fd >= 0) {
     drop_unstarted (c);

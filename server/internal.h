@@ -26,6 +26,7 @@ enum iobuf_mode { IOBUF_POOL, IOBUF_CALLOC };
 enum queue_mode { QUEUE_SPLIT, QUEUE_GLOBAL };
 enum dispatch_mode { DISPATCH_AUTO, DISPATCH_INLINE, DISPATCH_WORKER };
 enum tls_mode { TLS_OFF, TLS_ON, TLS_REQUIRE };
+enum tls_seal { TLS_SEAL_BLKD, TLS_SEAL_OPENSSL };
 enum delayacct_mode { DELAYACCT_COMPACT, DELAYACCT_LOCKED, DELAYACCT_OFF };
 enum cache_mode { CACHE_WRITETHROUGH, CACHE_WRITEBACK };
 
@@ -60,6 +61,7 @@ struct blkd_config {
   const char *tls_certificates;   /* dir with ca-cert.pem, server-cert.pem, server-key.pem */
   const char *tls_psk;            /* psktool file: username:hexkey */
   bool tls_verify_peer;
+  enum tls_seal tls_seal;         /* who seals TLS 1.3 records we send */
 
   /* Observability (metrics.c, delayacct.c). */
   const char *metrics_addr;       /* --metrics ADDR:PORT; NULL: off */
@@ -262,6 +264,7 @@ ssize_t tls_sendv (struct conn *c, const struct iovec *iov, int n);
  * waiting to write.  0, 1 (wait for writability) or -1 (close). */
 int tls_flushed (struct conn *c);
 bool tls_pending (struct conn *c);  /* decrypted or buffered input left */
+bool tls_unsent (struct conn *c);   /* sealed records the socket has not taken */
 
 /* ---- handshake (handshake.c) ----------------------------------------- */
 

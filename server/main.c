@@ -122,6 +122,8 @@ usage (FILE *f)
 "      --tls-certificates DIR  ca-cert.pem, server-cert.pem, server-key.pem\n"
 "      --tls-verify-peer  client certificates must chain to the CA\n"
 "      --tls-psk FILE     pre-shared keys, psktool's username:hexkey format\n"
+"      --tls-seal WHO     blkd (default: TLS 1.3 records we send are sealed by\n"
+"                         blkd, several per send) or openssl (SSL_write)\n"
 "\n"
 "Observability:\n"
 "      --metrics ADDR:PORT  serve /metrics (Prometheus), /stats (JSON), /healthz\n"
@@ -181,7 +183,7 @@ enum {
   OPT_RUN = 256, OPT_DUMP_PLUGIN, OPT_SHARDS, OPT_MAX_REQUEST, OPT_MAX_INFLIGHT,
   OPT_DISPATCH, OPT_IOBUF, OPT_IOBUF_MEM, OPT_QUEUE, OPT_SPARSE_READS,
   OPT_MAX_CONNECTIONS, OPT_HANDSHAKE_TIMEOUT, OPT_IDLE_TIMEOUT, OPT_TLS,
-  OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_METRICS, OPT_DELAYACCT,
+  OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_METRICS, OPT_DELAYACCT,
   OPT_CACHE, OPT_CACHE_BLOCK, OPT_CACHE_MODE, OPT_CACHE_CTOR,
 };
 
@@ -217,6 +219,7 @@ static const struct option long_opts[] = {
   { "tls-certificates", required_argument, NULL, OPT_TLS_CERTIFICATES },
   { "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY_PEER },
   { "tls-psk", required_argument, NULL, OPT_TLS_PSK },
+  { "tls-seal", required_argument, NULL, OPT_TLS_SEAL },
   { "metrics", required_argument, NULL, OPT_METRICS },
   { "delayacct", required_argument, NULL, OPT_DELAYACCT },
   { "cache", required_argument, NULL, OPT_CACHE },
@@ -366,6 +369,10 @@ main (int argc, char **argv)
     case OPT_TLS_CERTIFICATES: cfg.tls_certificates = optarg; break;
     case OPT_TLS_VERIFY_PEER: cfg.tls_verify_peer = true; break;
     case OPT_TLS_PSK: cfg.tls_psk = optarg; break;
+    case OPT_TLS_SEAL:
+      cfg.tls_seal = parse_choice ("--tls-seal", optarg,
+                                   (const char *const[]) { "blkd", "openssl", NULL });
+      break;
     case OPT_METRICS: cfg.metrics_addr = optarg; break;
     case OPT_DELAYACCT:
       cfg.delayacct = parse_choice ("--delayacct", optarg,

@@ -237,7 +237,7 @@ shard_sweep (evutil_socket_t fd, short what, void *arg)
     /* Idle: nothing in flight, or replies the client is not reading (a
      * client that stops reading must not hold its buffers for ever). */
     else if (c->phase == CONN_TRANSMISSION && cfg.idle_timeout
-             && (c->inflight == 0 || c->sendq_head || c->olen > c->ooff)
+             && (c->inflight == 0 || c->sendq_head || c->olen > c->ooff || tls_unsent (c))
              && now - c->t_active >= cfg.idle_timeout * sec) {
       log_info ("idle for %u s; closing", cfg.idle_timeout);
       conn_close_now (c);

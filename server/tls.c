@@ -7,16 +7,25 @@
  * path), c->starttls_pending and the CONN_TLS_HANDSHAKE phase; everything
  * OpenSSL is here.  All of it runs on the connection's shard thread.
  *
- * Writes: OpenSSL turns every SSL_write into at least one record and one
- * write(2), so an 8-byte iovec written on its own costs a whole record
- * (~22 bytes of framing, an AEAD seal) and a syscall.  tls_sendv therefore
- * copies small pieces (reply headers, short payloads, several small replies
- * in a row) into a 16 KiB staging buffer and seals them as one record, and
- * writes large payload spans straight from the pooled buffer, one full
- * record per SSL_write.  A payload byte is thus copied once (sealed from the
- * pool buffer into OpenSSL's record buffer), or twice when it shares a
- * record with small pieces (at most 16 KiB per reply). */
+ * Writes, three ways, best first:
+ * - kernel TLS, when the kernel has the tls module: OpenSSL hands the keys
+ *   to the socket and SSL_write is a plain write.
+ * - blkd seals (TLS 1.3, --tls-seal=blkd, the default): OpenSSL runs the
+ *   handshake and all reading; the send direction's traffic secret comes
+ *   from OpenSSL's key log callback and tlsrec.c seals replies straight
+ *   from the pool buffers into `out`, several records per send(2).  What
+ *   OpenSSL itself still writes after that (alerts, a KeyUpdate answering
+ *   the client's) goes to a null BIO and is re-sealed here from the
+ *   plaintext the message callback shows us, so there is one sequence of
+ *   records under one key schedule.
+ * - SSL_write (TLS 1.2, or --tls-seal=openssl): OpenSSL turns every
+ *   SSL_write into at least one record and one write(2), so small pieces
+ *   (reply headers, short payloads, several small replies in a row) are
+ *   copied into a 16 KiB staging buffer and sealed as one record, and large
+ *   payload spans are written straight from the pooled buffer, one full
+ *   record per SSL_write. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,15 +42,37 @@
 #include <openssl/x509.h>
 
 #include "internal.h"
+#include "tlsrec.h"
 
 #define TLS_RECORD   SSL3_RT_MAX_PLAIN_LENGTH   /* 16 KiB of plaintext */
 /* With read-ahead, OpenSSL reads this much per read(2), several records. */
 #define TLS_READ_BUF (4 * (SSL3_RT_MAX_PLAIN_LENGTH + SSL3_RT_MAX_ENCRYPTED_OVERHEAD \
                            + SSL3_RT_HEADER_LENGTH))
 
+/* Sealed records per send(2), and room kept for the short records
+ * OpenSSL may still want sent (alerts, KeyUpdate) whenever it likes. */
+#define TLS_OUT_RECORDS 8
+#define TLS_OUT_RESERVE 1024
+#define TLS_OUT_CAP     (TLS_OUT_RECORDS * TLSREC_MAX_RECORD + TLS_OUT_RESERVE)
+/* RFC 8446 5.5: AES-GCM keys are good for about 2^24.5 full records; we
+ * send a KeyUpdate after 2^24 (256 GiB).  BLKD_TLS_REKEY_RECORDS lowers it
+ * for the tests. */
+#define TLS_REKEY_RECORDS (UINT64_C (1) << 24)
+#define SEND_PIECES_MAX 64
+
 /* One connection's session.  c->tls points here. */
 struct tls_conn {
   SSL *ssl;
+  /* blkd-sealed sending (NULL: SSL_write does it). */
+  struct tlsrec *rec;
+  uint8_t *out;                   /* sealed records the socket has not taken */
+  size_t out_len, out_off;
+  bool rec_broken;                /* sealing failed: nothing more goes out */
+  /* The send direction's first application traffic secret, from the key
+   * log, until the handshake ends; and how much OpenSSL had written then. */
+  uint8_t secret[EVP_MAX_MD_SIZE];
+  size_t secret_len;
+  uint64_t written_at_secret;
   const char *psk_identity;       /* the PSK identity the client used, if any */
   bool psk_unknown;               /* the client offered an identity we lack */
   char unknown_id[64];            /* ... this one (printable, truncated) */
@@ -61,6 +92,7 @@ static struct psk_entry *psks;
 static size_t npsks;
 static bool have_certs;
 static bool ktls_kernel;          /* the kernel accepted TCP_ULP "tls" */
+static uint64_t rekey_records = TLS_REKEY_RECORDS;
 
 /* ---- start-up -------------------------------------------------------- */
 
@@ -345,6 +377,240 @@ probe_ktls (void)
 #endif
 }
 
+/* ---- records sealed by blkd (tlsrec.c) ------------------------------- */
+
+/* OpenSSL's key log: we keep SERVER_TRAFFIC_SECRET_0, the secret of the
+ * direction we will seal, and nothing else. */
+static void
+keylog_cb (const SSL *ssl, const char *line)
+{
+  static const char label[] = "SERVER_TRAFFIC_SECRET_0 ";
+  struct conn *c = SSL_get_app_data (ssl);
+  struct tls_conn *t = c ? c->tls : NULL;
+  if (!t || strncmp (line, label, sizeof label - 1) != 0)
+    return;
+  const char *hex = strchr (line + sizeof label - 1, ' ');   /* past client random */
+  if (!hex)
+    return;
+  hex++;
+  size_t n = 0;
+  while (n < sizeof t->secret && hexval (hex[2 * n]) >= 0 && hexval (hex[2 * n + 1]) >= 0) {
+    t->secret[n] = hexval (hex[2 * n]) << 4 | hexval (hex[2 * n + 1]);
+    n++;
+  }
+  t->secret_len = hex[2 * n] == '\0' ? n : 0;
+  t->written_at_secret = BIO_number_written (SSL_get_wbio (ssl));
+}
+
+static int out_drain (struct conn *c, struct tls_conn *t);
+
+/* Seal one short record OpenSSL or we want sent in the room kept at the
+ * end of out (TLS_OUT_RESERVE: a few alerts and KeyUpdates); when a client
+ * has used that up without reading, try the socket once before giving up
+ * on the session. */
+static int
+seal_control (struct conn *c, struct tls_conn *t, uint8_t type, const void *msg, size_t len)
+{
+  struct iovec piece = { (void *) msg, len };
+  size_t k = 0;
+  if (t->out_len + len + TLSREC_OVERHEAD > TLS_OUT_CAP)
+    out_drain (c, t);
+  if (t->out_len + len + TLSREC_OVERHEAD <= TLS_OUT_CAP)
+    k = tlsrec_seal (t->rec, type, &piece, 1, t->out + t->out_len);
+  if (k == 0) {
+    t->rec_broken = true;
+    return -1;
+  }
+  t->out_len += k;
+  return 0;
+}
+
+/* Our own KeyUpdate (update_not_requested), then the next key. */
+static int
+key_update (struct conn *c, struct tls_conn *t)
+{
+  static const uint8_t msg[] = { SSL3_MT_KEY_UPDATE, 0, 0, 1, SSL_KEY_UPDATE_NOT_REQUESTED };
+  if (seal_control (c, t, TLSREC_HANDSHAKE, msg, sizeof msg) == -1
+      || tlsrec_next_key (t->rec) == -1) {
+    t->rec_broken = true;
+    return -1;
+  }
+  return 0;
+}
+
+/* Once blkd seals, what OpenSSL writes goes to a null BIO; this callback
+ * sees the plaintext of each such message and seals it in sequence.  A
+ * KeyUpdate (OpenSSL answering a client's update_requested) moves our
+ * key on, as it moved OpenSSL's. */
+static void
+msg_cb (int write_p, int version, int type, const void *buf, size_t len,
+        SSL *ssl, void *arg)
+{
+  struct conn *c = SSL_get_app_data (ssl);
+  struct tls_conn *t = c ? c->tls : NULL;
+  if (!write_p || !t || !t->rec || t->rec_broken
+      || (type != SSL3_RT_ALERT && type != SSL3_RT_HANDSHAKE))
+    return;
+  const uint8_t *m = buf;
+  if (type == SSL3_RT_HANDSHAKE && len >= 1 && m[0] == SSL3_MT_KEY_UPDATE) {
+    log_debug ("TLS: client asked for a key update: sending ours");
+    key_update (c, t);
+    return;
+  }
+  if (len > TLS_OUT_RESERVE - TLSREC_OVERHEAD || seal_control (c, t, type, buf, len) == -1) {
+    log_error ("TLS: cannot send OpenSSL's %s message of %zu bytes; closing",
+               type == SSL3_RT_ALERT ? "alert" : "handshake", len);
+    t->rec_broken = true;
+  }
+}
+
+/* A client's KeyUpdate with update_requested leaves OpenSSL owing one of
+ * its own, which it would send at the next SSL_write, and blkd never calls
+ * that once it seals: have it written now (into the null BIO; msg_cb seals
+ * it and moves our key on).  Then tell the loop there is something to send. */
+static void
+answer_key_update (struct conn *c, struct tls_conn *t)
+{
+  if (t->rec && SSL_get_key_update_type (t->ssl) != SSL_KEY_UPDATE_NONE) {
+    if (SSL_key_update (t->ssl, SSL_KEY_UPDATE_NOT_REQUESTED) != 1
+        || SSL_do_handshake (t->ssl) != 1) {
+      log_error ("TLS: cannot answer the client's key update; closing");
+      t->rec_broken = true;
+    }
+    ERR_clear_error ();
+  }
+  if (tls_unsent (c) || t->rec_broken)
+    event_add (c->ev_write, NULL);
+}
+
+/* Handshake done: take the send direction over from OpenSSL if we can.
+ * Only when OpenSSL has written nothing under the application key (no
+ * session tickets: num_tickets is 0), so our first record is number 0. */
+static const char *
+seal_takeover (struct tls_conn *t)
+{
+  BIO *wbio = SSL_get_wbio (t->ssl);
+  const char *why = NULL;
+
+  if (cfg.tls_seal != TLS_SEAL_BLKD)
+    why = "OpenSSL (--tls-seal=openssl)";
+  else if (BIO_get_ktls_send (wbio))
+    why = "kernel";
+  else if (SSL_version (t->ssl) != TLS1_3_VERSION)
+    why = "OpenSSL (TLS 1.2)";
+  else if (t->secret_len == 0 || BIO_number_written (wbio) != t->written_at_secret)
+    why = "OpenSSL (no clean key hand-over)";
+  else {
+    const SSL_CIPHER *cipher = SSL_get_current_cipher (t->ssl);
+    t->rec = tlsrec_new (SSL_CIPHER_get_protocol_id (cipher),
+                         SSL_CIPHER_get_handshake_digest (cipher), t->secret, t->secret_len);
+    t->out = t->rec ? malloc (TLS_OUT_CAP) : NULL;
+    BIO *sink = t->out ? BIO_new (BIO_s_null ()) : NULL;
+    if (sink) {
+      SSL_set0_wbio (t->ssl, sink);
+      why = "blkd";
+    }
+    else {
+      tlsrec_free (t->rec);
+      t->rec = NULL;
+      free (t->out);
+      t->out = NULL;
+      why = "OpenSSL (no memory to seal ourselves)";
+    }
+  }
+  OPENSSL_cleanse (t->secret, sizeof t->secret);
+  t->secret_len = 0;
+  return why;
+}
+
+/* Send sealed records: 0 all out, 1 the socket is full, -1 error (errno). */
+static int
+out_drain (struct conn *c, struct tls_conn *t)
+{
+  while (t->out_off < t->out_len) {
+    ssize_t k = send (c->fd, t->out + t->out_off, t->out_len - t->out_off, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR)
+        continue;
+      return errno == EAGAIN || errno == EWOULDBLOCK ? 1 : -1;
+    }
+    t->out_off += k;
+  }
+  t->out_off = t->out_len = 0;
+  return 0;
+}
+
+bool
+tls_unsent (struct conn *c)
+{
+  struct tls_conn *t = c->tls;
+  return t && t->out_off < t->out_len;
+}
+
+/* tls_sendv when blkd seals: gather up to 16 KiB per record from iov,
+ * TLS_OUT_RECORDS records per send(2).  Bytes sealed count as consumed;
+ * tls_unsent keeps the connection waiting until the socket took them. */
+static ssize_t
+sealed_sendv (struct conn *c, struct tls_conn *t, const struct iovec *iov, int n)
+{
+  size_t total = 0, off = 0;
+  int i = 0;
+
+  for (;;) {
+    if (t->rec_broken) {
+      errno = EPROTO;
+      return -1;
+    }
+    int r = out_drain (c, t);
+    if (r != 0) {
+      if (total > 0)
+        return total;               /* the next call meets it again */
+      if (r == 1)
+        errno = EAGAIN;
+      return -1;
+    }
+    while (i < n && off == iov[i].iov_len) {
+      i++;
+      off = 0;
+    }
+    if (i == n)
+      return total;
+
+    while (i < n && TLS_OUT_CAP - t->out_len >= TLSREC_MAX_RECORD + TLS_OUT_RESERVE) {
+      struct iovec piece[SEND_PIECES_MAX];
+      int np = 0;
+      size_t len = 0;
+      while (i < n && len < TLSREC_MAX_CONTENT && np < SEND_PIECES_MAX) {
+        size_t k = iov[i].iov_len - off;
+        if (k > TLSREC_MAX_CONTENT - len)
+          k = TLSREC_MAX_CONTENT - len;
+        if (k > 0)
+          piece[np++] = (struct iovec) { (char *) iov[i].iov_base + off, k };
+        len += k;
+        off += k;
+        if (off == iov[i].iov_len) {
+          i++;
+          off = 0;
+        }
+      }
+      if (len == 0)
+        break;
+      size_t k = tlsrec_seal (t->rec, TLSREC_APPDATA, piece, np, t->out + t->out_len);
+      t->out_len += k;
+      total += len;
+      if (k > 0 && tlsrec_records (t->rec) >= rekey_records)
+        log_debug ("TLS: %" PRIu64 " records under this key: key update",
+                   tlsrec_records (t->rec));
+      if (k == 0 || (tlsrec_records (t->rec) >= rekey_records && key_update (c, t) == -1)) {
+        t->rec_broken = true;
+        log_error ("TLS: sealing a record failed; closing");
+        errno = EPROTO;
+        return -1;
+      }
+    }
+  }
+}
+
 int
 tls_setup (void)
 {
@@ -427,14 +693,24 @@ tls_setup (void)
     SSL_CTX_set_default_read_buffer_len (ctx, TLS_READ_BUF);
   }
 
-  fprintf (stderr, "blkd: TLS %s: TLS 1.2-1.3 with %s%s%s%s; %s\n",
+  if (cfg.tls_seal == TLS_SEAL_BLKD) {
+    SSL_CTX_set_keylog_callback (ctx, keylog_cb);
+    SSL_CTX_set_msg_callback (ctx, msg_cb);
+    const char *env = getenv ("BLKD_TLS_REKEY_RECORDS");
+    if (env && strtoull (env, NULL, 10) > 0)
+      rekey_records = strtoull (env, NULL, 10);
+  }
+
+  fprintf (stderr, "blkd: TLS %s: TLS 1.2-1.3 with %s%s%s%s; %s; %s\n",
            cfg.tls == TLS_REQUIRE ? "required" : "offered",
            have_certs ? "X.509 certificates from " : "",
            have_certs ? cfg.tls_certificates : "",
            have_certs && npsks ? " and " : "",
            npsks ? "pre-shared keys" : "",
            ktls_kernel ? "kernel TLS available (used per connection when the suite allows)"
-                       : "kernel TLS unavailable (no tls ULP): records sealed in user space");
+                       : "kernel TLS unavailable (no tls ULP): records sealed in user space",
+           cfg.tls_seal == TLS_SEAL_BLKD ? "TLS 1.3 records we send sealed by blkd"
+                                         : "records sealed by OpenSSL (--tls-seal=openssl)");
   if (cfg.tls_verify_peer)
     fprintf (stderr, "blkd: TLS: client certificates must chain to %s/ca-cert.pem\n",
              cfg.tls_certificates);
@@ -486,9 +762,13 @@ tls_free (struct conn *c)
   /* close_notify, best effort: never wait for the socket. */
   if (t->up && c->fd >= 0) {
     ERR_clear_error ();
-    SSL_shutdown (t->ssl);
+    SSL_shutdown (t->ssl);          /* blkd sealing: the alert lands in out */
+    if (t->rec && !t->rec_broken)
+      out_drain (c, t);
   }
   SSL_free (t->ssl);
+  tlsrec_free (t->rec);
+  free (t->out);
   ERR_clear_error ();
   OPENSSL_cleanse (t->stage, sizeof t->stage);
   free (t);
@@ -600,19 +880,19 @@ handshake_done (struct conn *c)
   t->up = true;
   c->phase = CONN_HS_OPTIONS;
   c->pc.ctx.is_tls = true;
+  const char *sealer = seal_takeover (t);
   if (log_verbose) {
     X509 *peer = SSL_get0_peer_certificate (t->ssl);
     char subject[256] = "";
     if (peer)
       X509_NAME_oneline (X509_get_subject_name (peer), subject, sizeof subject);
-    bool ks = BIO_get_ktls_send (SSL_get_wbio (t->ssl));
     bool kr = BIO_get_ktls_recv (SSL_get_rbio (t->ssl));
-    log_debug ("TLS up: %s %s%s%s%s%s; records: send %s, receive %s",
+    log_debug ("TLS up: %s %s%s%s%s%s; records: sent sealed by %s, received by %s",
                SSL_get_version (t->ssl), SSL_get_cipher_name (t->ssl),
                t->psk_identity ? ", PSK identity " : "",
                t->psk_identity ? t->psk_identity : "",
                peer ? ", client certificate " : "", subject,
-               ks ? "kernel" : "user space", kr ? "kernel" : "user space");
+               sealer, kr ? "kernel" : "OpenSSL");
   }
   /* The client may have sent options right behind its Finished, already
    * read into OpenSSL's buffer where the socket will not announce them. */
@@ -649,6 +929,11 @@ int
 tls_flushed (struct conn *c)
 {
   struct tls_conn *t = c->tls;
+  if (t->rec) {
+    int r = out_drain (c, t);
+    if (r != 0)
+      return r;
+  }
   if (c->starttls_pending) {
     c->starttls_pending = false;
     if (!c->read_paused)
@@ -709,11 +994,13 @@ tls_recv (struct conn *c, void *buf, size_t len)
            && SSL_read_ex (t->ssl, (char *) buf + got, len - got, &more) == 1)
       got += more;
     ERR_clear_error ();
+    answer_key_update (c, t);
     return got;
   }
   int e = SSL_get_error (t->ssl, 0);
   switch (e) {
-  case SSL_ERROR_WANT_READ:
+  case SSL_ERROR_WANT_READ:         /* maybe after a KeyUpdate alone */
+    answer_key_update (c, t);
     errno = EAGAIN;
     return -1;
   case SSL_ERROR_WANT_WRITE:        /* e.g. answering a KeyUpdate */
@@ -754,6 +1041,8 @@ tls_sendv (struct conn *c, const struct iovec *iov, int n)
   size_t total = 0, off = 0;
   int i = 0;
 
+  if (t->rec)
+    return sealed_sendv (c, t, iov, n);
   for (;;) {
     while (i < n && off == iov[i].iov_len) {
       i++;

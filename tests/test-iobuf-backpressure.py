@@ -6,6 +6,10 @@ the client and never unbounded growth.
 Two connections put 160 MiB of 4 MiB writes and reads in flight against a
 32 MiB bound; every request must succeed with exact data and the server's
 resident memory must stay near disk + bound, not near what was in flight.
+
+Worker dispatch: called on the shard, the memory plugin answers each read
+before the next is parsed, and a full socket stops the parser first, so
+the pool's own bound would never be the one that bites.
 """
 import os
 import sys
@@ -34,7 +38,7 @@ def rss_kib(pid):
 for mode in ("pool", "calloc"):
     print("# --iobuf=%s --iobuf-mem=%d" % (mode, BOUND))
     srv = Server(["memory", "size=%d" % DISK],
-                 opts=["-v", "--shards=1", "--iobuf=" + mode, "--iobuf-mem=%d" % BOUND,
+                 opts=["-v", "--shards=1", "--dispatch=worker", "--iobuf=" + mode, "--iobuf-mem=%d" % BOUND,
                        "--max-request=%d" % (BOUND // 2)])
     conns = [nbd_connect(srv), nbd_connect(srv)]
     # Fill with a known pattern first: each 4 MiB chunk carries its index.

@@ -17,3 +17,10 @@ TEST_PLUGINS = $(patsubst tests/plugins/%.c,tests/plugins/nbdkit-%-plugin.so,$(T
 tests/plugins/nbdkit-%-plugin.so: tests/plugins/%.c
 	$(CC) -std=gnu11 $(WARN) -O2 -g -D_GNU_SOURCE -fPIC -shared -pthread -o $@ $<
 check: $(TEST_PLUGINS)
+
+# Test-only clients (tests/helpers/*.c).
+TEST_HELPER_SRCS = $(wildcard tests/helpers/*.c)
+TEST_HELPERS = $(TEST_HELPER_SRCS:%.c=%)
+tests/helpers/%: tests/helpers/%.c
+	$(CC) $(CFLAGS) -o $@ $< $(LDFLAGS) -lssl -lcrypto
+check: $(TEST_HELPERS)

@@ -1,0 +1,234 @@
+/* A TLS 1.3 NBD client (OpenSSL) that asks the server for key updates
+ * while it writes and reads back data: the test of blkd's own record
+ * sealing against KeyUpdate, which libnbd and Python cannot send.
+ *
+ *   tls-keyupdate PORT CA-FILE ROUNDS UPDATE-EVERY
+ *
+ * Each round writes 64 KiB of a round-specific pattern and reads it back;
+ * every UPDATE-EVERY rounds (0: never) the client sends KeyUpdate with
+ * update_requested, so the server must answer with its own and move its
+ * sending key on.  Prints how many KeyUpdates it sent and received; exits
+ * 1 on any error or wrong byte. */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
+#define CHUNK (64 * 1024)
+
+static unsigned updates_received;
+
+static void
+die (const char *what)
+{
+  fprintf (stderr, "tls-keyupdate: %s\n", what);
+  ERR_print_errors_fp (stderr);
+  exit (1);
+}
+
+static void
+msg_cb (int write_p, int version, int type, const void *buf, size_t len, SSL *ssl, void *arg)
+{
+  const uint8_t *m = buf;
+  if (!write_p && type == SSL3_RT_HANDSHAKE && len >= 1 && m[0] == SSL3_MT_KEY_UPDATE)
+    updates_received++;
+}
+
+static void
+fd_read (int fd, void *buf, size_t len)
+{
+  for (size_t got = 0; got < len;) {
+    ssize_t k = read (fd, (char *) buf + got, len - got);
+    if (k <= 0)
+      die ("read from the server failed in clear");
+    got += k;
+  }
+}
+
+static void
+fd_write (int fd, const void *buf, size_t len)
+{
+  if (write (fd, buf, len) != (ssize_t) len)
+    die ("write to the server failed in clear");
+}
+
+static void
+tls_read (SSL *ssl, void *buf, size_t len)
+{
+  size_t got;
+  for (size_t have = 0; have < len; have += got)
+    if (SSL_read_ex (ssl, (char *) buf + have, len - have, &got) != 1)
+      die ("TLS read failed");
+}
+
+static void
+tls_write (SSL *ssl, const void *buf, size_t len)
+{
+  size_t put;
+  if (SSL_write_ex (ssl, buf, len, &put) != 1 || put != len)
+    die ("TLS write failed");
+}
+
+/* Option header: IHAVEOPT, option, length. */
+static void
+send_option (int fd, SSL *ssl, uint32_t opt, const void *data, uint32_t len)
+{
+  uint8_t h[16];
+  uint64_t magic = htobe64 (0x49484156454F5054ULL);
+  uint32_t o = htobe32 (opt), l = htobe32 (len);
+  memcpy (h, &magic, 8);
+  memcpy (h + 8, &o, 4);
+  memcpy (h + 12, &l, 4);
+  if (ssl) {
+    tls_write (ssl, h, sizeof h);
+    if (len)
+      tls_write (ssl, data, len);
+  }
+  else
+    fd_write (fd, h, sizeof h);
+}
+
+/* Option reply header: magic, option, type, length. Returns the type. */
+static uint32_t
+read_reply (int fd, SSL *ssl, uint32_t *len)
+{
+  uint8_t h[20];
+  uint32_t type;
+  if (ssl)
+    tls_read (ssl, h, sizeof h);
+  else
+    fd_read (fd, h, sizeof h);
+  memcpy (&type, h + 12, 4);
+  memcpy (len, h + 16, 4);
+  *len = be32toh (*len);
+  return be32toh (type);
+}
+
+static void
+request (SSL *ssl, uint16_t type, uint64_t cookie, uint64_t offset, uint32_t count)
+{
+  uint8_t h[28];
+  uint32_t magic = htobe32 (0x25609513);
+  uint16_t flags = 0, t = htobe16 (type);
+  uint64_t c = htobe64 (cookie), o = htobe64 (offset);
+  uint32_t n = htobe32 (count);
+  memcpy (h, &magic, 4);
+  memcpy (h + 4, &flags, 2);
+  memcpy (h + 6, &t, 2);
+  memcpy (h + 8, &c, 8);
+  memcpy (h + 16, &o, 8);
+  memcpy (h + 24, &n, 4);
+  tls_write (ssl, h, sizeof h);
+}
+
+static void
+simple_reply (SSL *ssl, uint64_t cookie)
+{
+  uint8_t h[16];
+  uint32_t magic, err;
+  uint64_t c;
+  tls_read (ssl, h, sizeof h);
+  memcpy (&magic, h, 4);
+  memcpy (&err, h + 4, 4);
+  memcpy (&c, h + 8, 8);
+  if (be32toh (magic) != 0x67446698 || be64toh (c) != cookie)
+    die ("bad reply header");
+  if (err)
+    die ("the server answered with an error");
+}
+
+int
+main (int argc, char **argv)
+{
+  if (argc != 5) {
+    fprintf (stderr, "usage: tls-keyupdate PORT CA-FILE ROUNDS UPDATE-EVERY\n");
+    return 2;
+  }
+  int rounds = atoi (argv[3]), every = atoi (argv[4]);
+  unsigned updates_sent = 0;
+
+  struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons (atoi (argv[1])) };
+  a.sin_addr.s_addr = htonl (INADDR_LOOPBACK);
+  int fd = socket (AF_INET, SOCK_STREAM, 0);
+  if (fd < 0 || connect (fd, (struct sockaddr *) &a, sizeof a) != 0)
+    die ("cannot connect");
+
+  /* Fixed newstyle greeting; our flags: FIXED_NEWSTYLE | NO_ZEROES. */
+  uint8_t greet[18];
+  fd_read (fd, greet, sizeof greet);
+  if (memcmp (greet, "NBDMAGIC", 8) != 0)
+    die ("not an NBD server");
+  uint32_t cflags = htobe32 (3);
+  fd_write (fd, &cflags, 4);
+
+  uint32_t len;
+  send_option (fd, NULL, 5 /* STARTTLS */, NULL, 0);
+  if (read_reply (fd, NULL, &len) != 1 || len != 0)
+    die ("STARTTLS was not acknowledged");
+
+  SSL_CTX *ctx = SSL_CTX_new (TLS_client_method ());
+  if (!ctx)
+    die ("SSL_CTX_new");
+  SSL_CTX_set_min_proto_version (ctx, TLS1_3_VERSION);
+  SSL_CTX_set_verify (ctx, SSL_VERIFY_PEER, NULL);
+  if (SSL_CTX_load_verify_locations (ctx, argv[2], NULL) != 1)
+    die ("cannot load the CA");
+  SSL_CTX_set_msg_callback (ctx, msg_cb);
+  SSL *ssl = SSL_new (ctx);
+  if (!ssl || SSL_set_fd (ssl, fd) != 1 || !SSL_set1_host (ssl, "localhost")
+      || SSL_connect (ssl) != 1)
+    die ("TLS handshake failed");
+
+  /* NBD_OPT_GO, default export, no info requests. */
+  uint8_t go[6] = { 0 };
+  send_option (fd, ssl, 7, go, sizeof go);
+  for (;;) {
+    uint32_t type = read_reply (fd, ssl, &len);
+    uint8_t skip[1024];
+    if (len > sizeof skip)
+      die ("option reply too long");
+    tls_read (ssl, skip, len);
+    if (type == 1)
+      break;
+    if (type != 3)
+      die ("NBD_OPT_GO refused");
+  }
+
+  static uint8_t out[CHUNK], in[CHUNK];
+  for (int r = 0; r < rounds; r++) {
+    if (every > 0 && r > 0 && r % every == 0) {
+      if (SSL_key_update (ssl, SSL_KEY_UPDATE_REQUESTED) != 1)
+        die ("SSL_key_update");
+      updates_sent++;
+    }
+    for (size_t i = 0; i < CHUNK; i++)
+      out[i] = (uint8_t) (r * 131 + i * 7 + (i >> 9));
+    uint64_t off = (uint64_t) (r % 64) * CHUNK;
+    request (ssl, 1 /* WRITE */, 2 * r, off, CHUNK);
+    tls_write (ssl, out, CHUNK);
+    simple_reply (ssl, 2 * r);
+    request (ssl, 0 /* READ */, 2 * r + 1, off, CHUNK);
+    simple_reply (ssl, 2 * r + 1);
+    tls_read (ssl, in, CHUNK);
+    if (memcmp (in, out, CHUNK) != 0) {
+      fprintf (stderr, "tls-keyupdate: round %d read back wrong data\n", r);
+      return 1;
+    }
+  }
+  request (ssl, 2 /* DISC */, 0, 0, 0);
+  SSL_shutdown (ssl);
+  printf ("rounds %d, key updates sent %u, received %u\n", rounds, updates_sent,
+          updates_received);
+  SSL_free (ssl);
+  SSL_CTX_free (ctx);
+  close (fd);
+  return 0;
+}

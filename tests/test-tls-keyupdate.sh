@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# TLS 1.3 key updates with blkd sealing the records it sends (--tls-seal=
+# blkd, the default): a client that asks for updates (OpenSSL's
+# SSL_key_update, from tests/helpers/tls-keyupdate.c) must get one KeyUpdate
+# back per request and keep reading exact data under the new keys; blkd's
+# own updates (every BLKD_TLS_REKEY_RECORDS records; 2^24 in production)
+# must be followed by OpenSSL and by GnuTLS (nbdcopy) alike.  The same run
+# with --tls-seal=openssl shows the two paths agree.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/helpers/core.sh"
+. "$(dirname "$0")/helpers/tls.sh"
+need_server
+need openssl
+need nbdcopy
+server_is_nbdkit && skip "blkd's record sealing"
+KU=$TOP/tests/helpers/tls-keyupdate
+[ -x "$KU" ] || fail "no $KU (make check builds it)"
+
+T=$TMP/tls
+make_tls_material "$T"
+XURI() { echo "nbds://127.0.0.1:$PORT/?tls-certificates=$T/client-ca"; }
+
+for seal in blkd openssl; do
+  echo "# --tls-seal=$seal: the client asks for key updates"
+  : >"$TMP/server.log"
+  start_server -v --tls=require --tls-certificates="$T/server" --tls-seal=$seal memory 8M
+  out=$("$KU" "$PORT" "$T/client-ca/ca-cert.pem" 40 5) || fail "client with key updates ($seal)"
+  expect_eq "$out" "rounds 40, key updates sent 7, received 7" "one KeyUpdate answered per request ($seal)"
+  grep -qi "TLS up: TLSv1.3 .*records: sent sealed by $seal" "$TMP/server.log" \
+    || fail "the log does not say $seal seals the records"
+  ok "the log names the sealer ($seal)"
+  stop_server
+done
+
+echo "# blkd's own key updates, every 64 records"
+: >"$TMP/server.log"
+BLKD_TLS_REKEY_RECORDS=64 start_server -v --tls=require --tls-certificates="$T/server" memory 16M
+out=$("$KU" "$PORT" "$T/client-ca/ca-cert.pem" 60 0) || fail "OpenSSL client through blkd's key updates"
+# 60 rounds read 60 x 4 records and get 120 short replies: >= 3 updates.
+received=$(echo "$out" | sed -n 's/.*received \([0-9]*\)$/\1/p')
+[ "${received:-0}" -ge 3 ] || fail "expected blkd to update its key at least 3 times: $out"
+ok "OpenSSL followed $received key updates blkd started"
+stop_server
+# GnuTLS accepts at most 8 KeyUpdates per second per session; 256 records
+# per key keeps a 16 MiB copy under that on any one connection.
+BLKD_TLS_REKEY_RECORDS=256 start_server -v --tls=require --tls-certificates="$T/server" memory 16M
+head -c $((16 * 1024 * 1024)) /dev/urandom >"$TMP/in.img"
+nbdcopy "$TMP/in.img" "$(XURI)" || fail "nbdcopy to the server"
+nbdcopy "$(XURI)" "$TMP/out.img" --request-size=262144 || fail "nbdcopy through blkd's key updates"
+expect_eq "$(sha "$TMP/out.img")" "$(sha "$TMP/in.img")" "GnuTLS (nbdcopy) reads exact data across blkd's key updates"
+[ "$(grep -c 'records under this key: key update' "$TMP/server.log")" -ge 4 ] \
+  || fail "blkd logged fewer than 4 key updates of its own"
+ok "blkd updated its key $(grep -c 'records under this key: key update' "$TMP/server.log") times during the copy"
+server_alive || fail "server died"
+ok "server alive"
