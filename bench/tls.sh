@@ -5,7 +5,12 @@
 #
 #   bench/tls.sh [ROUNDS]        (default 3; env: SIZE=1G BLKD=./blkd
 #                                 REQ="262144 4096" MODE=x509|psk
-#                                 CIPHER=default|aes128|aes256)
+#                                 CIPHER=default|aes128|aes256
+#                                 SEAL_AB=1)
+#
+# SEAL_AB=1 adds a third server, blkd --tls-seal=openssl ("blkd-ossl"), to
+# the alternation: blkd sealing its own TLS 1.3 records against OpenSSL's
+# SSL_write, in the same run.
 #
 # CIPHER: each server picks the TLS 1.3 suite by its own preference
 # (default: blkd AES-128-GCM, nbdkit/GnuTLS AES-256-GCM); aes128/aes256
@@ -63,7 +68,12 @@ start() {  # NAME BINARY ARGS... -> sets PORT_<NAME>, PID_<NAME>
   printf -v "PORT_$name" %s "$port"
   wait_port "$port"
 }
+SERVERS="blkd nbdkit"
 start blkd "$BLKD" memory "$SIZE"
+if [ "${SEAL_AB:-0}" = 1 ]; then
+  start blkd_ossl "$BLKD" --tls-seal=openssl memory "$SIZE"
+  SERVERS="blkd blkd_ossl nbdkit"
+fi
 start nbdkit nbdkit memory "$SIZE"
 
 uri() {  # NAME
@@ -123,7 +133,7 @@ PY
 }
 
 echo "# filling both disks with a non-zero pattern ($SIZE)"
-for s in blkd nbdkit; do
+for s in $SERVERS; do
   nbdcopy -- [ nbdkit pattern "$SIZE" ] "$(uri $s)"
 done
 bytes=$(nbdinfo --size "$(uri blkd)")
@@ -139,7 +149,7 @@ printf '%-6s %-5s %-8s %5s %10s %12s\n' server mode req round MiB/s cpu_us/MiB
 mode=$MODE
   for req in $REQ; do
     for ((r = 1; r <= ROUNDS; r++)); do
-      for s in blkd nbdkit; do
+      for s in $SERVERS; do
         pidv=PID_$s
         c0=$(cpu_ticks "${!pidv}")
         t0=$(date +%s.%N)
@@ -155,21 +165,26 @@ mode=$MODE
   done
 
 echo
-echo "# medians (min-max) and blkd/nbdkit ratios"
+echo "# medians (min-max) and ratios to nbdkit"
 /usr/bin/python3 - "$TMP/results" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 keys = sorted({(m, int(q)) for _, m, q, _, _ in rows}, key=lambda k: (k[0], -k[1]))
-print("%-5s %-8s %-26s %-26s %-10s %-10s" % ("mode", "req", "blkd MiB/s", "nbdkit MiB/s",
-                                            "thru ×", "cpu/MiB ×"))
+servers = []
+for r in rows:
+    if r[0] not in servers:
+        servers.append(r[0])
+fmt = lambda v: "%.0f (%.0f-%.0f)" % (statistics.median(v), min(v), max(v))
+print("%-5s %-8s %-10s %-22s %-22s %-8s %-8s" % ("mode", "req", "server", "MiB/s", "cpu µs/MiB",
+                                                "thru ×", "cpu ×"))
 for m, q in keys:
     def col(srv, i):
         return [float(r[i]) for r in rows if r[0] == srv and r[1] == m and int(r[2]) == q]
-    b, n = col("blkd", 3), col("nbdkit", 3)
-    bc, nc = col("blkd", 4), col("nbdkit", 4)
-    fmt = lambda v: "%.0f (%.0f-%.0f)" % (statistics.median(v), min(v), max(v))
-    print("%-5s %-8d %-26s %-26s %-10.2f %-10.2f" % (
-        m, q, fmt(b), fmt(n), statistics.median(b) / statistics.median(n),
-        statistics.median(bc) / statistics.median(nc)))
-    print("%-5s %-8s cpu µs/MiB: blkd %s, nbdkit %s" % ("", "", fmt(bc), fmt(nc)))
+    nt, nc = col("nbdkit", 3), col("nbdkit", 4)
+    for srv in servers:
+        t, c = col(srv, 3), col(srv, 4)
+        print("%-5s %-8d %-10s %-22s %-22s %-8.2f %-8.2f" % (
+            m, q, srv, fmt(t), fmt(c), statistics.median(t) / statistics.median(nt),
+            statistics.median(c) / statistics.median(nc)))
+print("(× is against nbdkit in the same run)")
 PY

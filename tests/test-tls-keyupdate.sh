@@ -12,6 +12,7 @@
 need_server
 need openssl
 need nbdcopy
+need nbdinfo
 server_is_nbdkit && skip "blkd's record sealing"
 KU=$TOP/tests/helpers/tls-keyupdate
 [ -x "$KU" ] || fail "no $KU (make check builds it)"
@@ -31,6 +32,15 @@ for seal in blkd openssl; do
   ok "the log names the sealer ($seal)"
   stop_server
 done
+
+echo "# a flood of 2000 update requests, then data"
+start_server -v --tls=require --tls-certificates="$T/server" memory 8M
+out=$("$KU" "$PORT" "$T/client-ca/ca-cert.pem" 4 0 2000) || fail "client after a key update flood"
+received=$(echo "$out" | sed -n 's/.*received \([0-9]*\)$/\1/p')
+[ "${received:-0}" -ge 1 ] && [ "$received" -le 2000 ] || fail "flood: $out"
+ok "2000 requests answered with $received KeyUpdates, data exact afterwards"
+expect_eq "$(nbdinfo --size "$(XURI)")" 8388608 "another client served after the flood"
+stop_server
 
 echo "# blkd's own key updates, every 64 records"
 : >"$TMP/server.log"

@@ -2,13 +2,15 @@
  * while it writes and reads back data: the test of blkd's own record
  * sealing against KeyUpdate, which libnbd and Python cannot send.
  *
- *   tls-keyupdate PORT CA-FILE ROUNDS UPDATE-EVERY
+ *   tls-keyupdate PORT CA-FILE ROUNDS UPDATE-EVERY [FLOOD]
  *
  * Each round writes 64 KiB of a round-specific pattern and reads it back;
  * every UPDATE-EVERY rounds (0: never) the client sends KeyUpdate with
  * update_requested, so the server must answer with its own and move its
- * sending key on.  Prints how many KeyUpdates it sent and received; exits
- * 1 on any error or wrong byte. */
+ * sending key on.  FLOOD: first send that many KeyUpdates back to back
+ * without reading (the server may answer them with fewer, RFC 8446 4.6.3).
+ * Prints how many KeyUpdates it sent and received; exits 1 on any error or
+ * wrong byte. */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <netinet/in.h>
@@ -148,11 +150,12 @@ simple_reply (SSL *ssl, uint64_t cookie)
 int
 main (int argc, char **argv)
 {
-  if (argc != 5) {
-    fprintf (stderr, "usage: tls-keyupdate PORT CA-FILE ROUNDS UPDATE-EVERY\n");
+  if (argc != 5 && argc != 6) {
+    fprintf (stderr, "usage: tls-keyupdate PORT CA-FILE ROUNDS UPDATE-EVERY [FLOOD]\n");
     return 2;
   }
   int rounds = atoi (argv[3]), every = atoi (argv[4]);
+  int flood = argc == 6 ? atoi (argv[5]) : 0;
   unsigned updates_sent = 0;
 
   struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons (atoi (argv[1])) };
@@ -200,6 +203,12 @@ main (int argc, char **argv)
       break;
     if (type != 3)
       die ("NBD_OPT_GO refused");
+  }
+
+  for (int i = 0; i < flood; i++) {
+    if (SSL_key_update (ssl, SSL_KEY_UPDATE_REQUESTED) != 1 || SSL_do_handshake (ssl) != 1)
+      die ("flooding key updates");
+    updates_sent++;
   }
 
   static uint8_t out[CHUNK], in[CHUNK];
