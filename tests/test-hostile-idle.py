@@ -135,43 +135,6 @@ def hoarders():
              "(--idle-timeout 2, waited 6 s)")
 
 
-@pending("hoarders-without-idle-timeout",
-         "four clients that never read their replies, no --idle-timeout: a fifth "
-         "client on the same shard must still be served")
-def hoarders_without_idle_timeout():
-    """The same four hoarders with --idle-timeout off (the default), on
-    inline and worker dispatch.  Until 24a94b2 this starved the fifth
-    client (each hoarder held a quarter of the pool and nothing dropped
-    them).  Now a full socket stops a connection's parser: on inline
-    dispatch a hoarder holds only the replies its socket refused; on
-    worker dispatch, what its workers had already taken."""
-    for extra in ([], ["--dispatch=worker"]):
-        srv = Server(["ram", "size=64M"], opts=["--shards", "1", "--iobuf-mem", "64M",
-                                                "--max-request", "4M"] + extra)
-        hoard = []
-        for k in range(4):
-            c = RawClient(srv)
-            c.handshake(structured=False)
-            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            send_bg(c.sock, b"".join(RawClient.request(NBD_CMD_READ, (i % 60) * MiB, MiB,
-                                                       cookie=i) for i in range(1000)))
-            hoard.append(c)
-        time.sleep(1.0)
-        d = RawClient(srv, timeout=6)
-        try:
-            d.handshake(structured=False)
-            d.send_request(NBD_CMD_READ, 0, MiB, cookie=7)
-            got = d.recv_reply(MiB)[:2]
-        except (OSError, EOFError) as e:
-            got = repr(e)
-        for c in hoard:
-            c.close()
-        d.close()
-        srv.stop()
-        check_eq(got, (7, 0), "a fifth client's READ while four clients hoard, no "
-                 "--idle-timeout %s(waited up to 6 s)" % " ".join(extra))
-
-
 if __name__ == "__main__":
     need_server()
     if IS_NBDKIT:
