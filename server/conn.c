@@ -32,11 +32,21 @@
  * flight would otherwise have 16 MiB read from the plugin before the first
  * byte is copied (or sealed) again, from memory instead of L2. */
 #define SEND_EAGER       (128 * 1024)
+/* A full socket stops the parser (running more reads then only fills
+ * buffers nobody can send, and lets them go cold), but only for this
+ * long: a client that writes requests without reading replies until it is
+ * done (READ, then a WRITE and its payload, then read) would otherwise
+ * wait for us while we wait for it.  After the timer the connection is
+ * parsed as if the socket had room, bounded by --max-inflight and its
+ * share of the pool, until the socket drains again.  A client reading at
+ * network speed drains it in well under a millisecond. */
+#define SEND_STALL_MS    20
 
 static atomic_ullong next_conn_id = 1;
 
 static void conn_on_read (evutil_socket_t fd, short what, void *arg);
 static void conn_on_write (evutil_socket_t fd, short what, void *arg);
+static void conn_on_stall (evutil_socket_t fd, short what, void *arg);
 static bool conn_maybe_free (struct conn *c);
 
 struct conn *
@@ -66,7 +76,8 @@ conn_new (struct shard *s, int fd, const char *peer)
 
   c->ev_read = event_new (s->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
   c->ev_write = event_new (s->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
-  if (!c->ev_read || !c->ev_write)
+  c->ev_stall = evtimer_new (s->base, conn_on_stall, c);
+  if (!c->ev_read || !c->ev_write || !c->ev_stall)
     goto fail;
   plugin_conn_init (&c->pc, fd);
 
@@ -83,6 +94,8 @@ fail:
     event_free (c->ev_read);
   if (c->ev_write)
     event_free (c->ev_write);
+  if (c->ev_stall)
+    event_free (c->ev_stall);
   free (c->rbuf);
   free (c);
   return NULL;
@@ -186,13 +199,18 @@ send_pending (struct conn *c)
     for (struct request *r = c->sendq_head; r && n < SEND_IOV_MAX; r = r->next)
       for (unsigned i = r->iov_sent; i < r->niov && n < SEND_IOV_MAX; i++)
         iov[n++] = r->iov[i];
-    if (n == 0)
-      return c->tls ? tls_flushed (c) : 0;
+    if (n == 0) {
+      int r = c->tls ? tls_flushed (c) : 0;
+      if (r == 1 && tls_unsent (c) && !c->stall_expired)
+        c->send_full = true;        /* sealed records wait for the socket */
+      return r;
+    }
 
     ssize_t sent = conn_sendv (c, iov, n);
     if (sent < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        c->send_full = true;
+        if (!c->stall_expired)
+          c->send_full = true;
         return 1;
       }
       if (errno == EINTR)
@@ -252,7 +270,8 @@ conn_flush (struct conn *c)
       event_add (c->ev_write, NULL);
     else {
       event_del (c->ev_write);
-      c->send_full = false;
+      c->send_full = c->stall_expired = false;
+      event_del (c->ev_stall);
     }
   }
   if (conn_maybe_free (c))
@@ -297,9 +316,10 @@ conn_on_complete (struct request *r)
    * cache.  Errors wait for the conn_flush that follows every batch (it
    * meets them again and closes); closing here would free c under the
    * parser.  A full socket sets send_full, which stops the parser. */
-  if (c->sendq_bytes >= SEND_EAGER && !c->send_full && !c->starttls_pending
-      && c->phase == CONN_TRANSMISSION)
-    send_pending (c);
+  if (c->sendq_bytes >= SEND_EAGER && !c->send_full && !c->want_close
+      && !c->starttls_pending && c->phase == CONN_TRANSMISSION
+      && send_pending (c) == -1)
+    c->want_close = true;           /* stop parsing; conn_flush closes */
   shard_mark_flush (c->shard, c);
 }
 
@@ -417,7 +437,14 @@ conn_pump (struct conn *c, bool do_read)
       pause_reading (c);
       break;
     }
-    if (c->stalled_req || c->inflight >= cfg.max_inflight || c->send_full) {
+    if (c->send_full) {
+      pause_reading (c);
+      static const struct timeval stall = { 0, SEND_STALL_MS * 1000 };
+      if (!evtimer_pending (c->ev_stall, NULL))
+        evtimer_add (c->ev_stall, &stall);
+      break;
+    }
+    if (c->stalled_req || c->inflight >= cfg.max_inflight) {
       pause_reading (c);
       break;
     }
@@ -445,6 +472,21 @@ conn_on_read (evutil_socket_t fd, short what, void *arg)
    * socket took every byte. */
   if (s->waiters)
     shard_wake_waiters (s);
+  log_current = NULL;
+}
+
+/* The socket stayed full for SEND_STALL_MS: parse without waiting for it
+ * until it drains (conn_flush clears stall_expired). */
+static void
+conn_on_stall (evutil_socket_t fd, short what, void *arg)
+{
+  struct conn *c = arg;
+  log_current = &c->log;
+  c->stall_expired = true;
+  c->send_full = false;
+  if (c->read_paused && !c->waiting_buffers && !c->stalled_req
+      && c->inflight < cfg.max_inflight && c->olen - c->ooff <= OBUF_PAUSE)
+    conn_resume_reading (c);
   log_current = NULL;
 }
 
@@ -502,6 +544,7 @@ conn_close_now (struct conn *c)
   if (c->fd >= 0) {
     event_del (c->ev_read);
     event_del (c->ev_write);
+    event_del (c->ev_stall);
     tls_free (c);
     close (c->fd);
     c->fd = -1;
@@ -529,6 +572,7 @@ conn_maybe_free (struct conn *c)
       return false;
     event_del (c->ev_read);
     event_del (c->ev_write);
+    event_del (c->ev_stall);
     tls_free (c);                   /* close_notify goes out before the FIN */
     close (c->fd);
     c->fd = -1;
@@ -549,6 +593,7 @@ conn_maybe_free (struct conn *c)
   s->nconns--;
   event_free (c->ev_read);
   event_free (c->ev_write);
+  event_free (c->ev_stall);
   free (c->rbuf);
   free (c->obuf);
   free (c->export_name);

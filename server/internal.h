@@ -225,6 +225,8 @@ struct conn {
   struct request *sendq_head, *sendq_tail;
   size_t sendq_bytes;             /* reply bytes queued, not yet sent */
   bool send_full;                 /* the socket refused bytes: parse no more */
+  bool stall_expired;             /* ... for SEND_STALL_MS; then parse anyway */
+  struct event *ev_stall;         /* the SEND_STALL_MS timer */
 
   unsigned inflight;              /* parsed, not yet freed */
   uint64_t t_created, t_active;   /* now_ns(), for the timeouts sweep */

@@ -365,6 +365,40 @@ def _():
     c.close()
 
 
+@case("a client that writes everything before reading: READ 16 MiB, WRITE 16 MiB, then read")
+def _():
+    # The READ reply fills both socket buffers.  blkd stops parsing while
+    # its socket is full, but only for a moment (SEND_STALL_MS), or this
+    # client, blocked sending the WRITE payload, would wait for ever (it
+    # did, between 24a94b2 and the stall timer).
+    big = Server(["ram", "size=64M"], opts=EXTRA_OPTS)
+    c = conn(server=big)
+    fill = os.urandom(MiB)                 # data, not a hole, comes back
+    for i in range(16):
+        c.send_request(NBD_CMD_WRITE, i * MiB, MiB, cookie=50 + i, payload=fill)
+        check_eq(c.recv_reply()[:2], (50 + i, 0), "fill %d" % i)
+    pat = os.urandom(16 * MiB)
+    c.sock.settimeout(10)
+    try:
+        c.sock.sendall(RawClient.request(NBD_CMD_READ, 0, 16 * MiB, cookie=1)
+                       + RawClient.request(NBD_CMD_WRITE, 32 * MiB, 16 * MiB, cookie=2) + pat)
+    except socket.timeout:
+        fail("the server stopped reading: the WRITE payload was not taken in 10 s")
+    ok("READ, WRITE and its 16 MiB payload sent before reading anything")
+    got = {}
+    for _ in range(2):
+        cookie, err, _, _ = c.recv_reply()
+        got[cookie] = err
+    check_eq(got, {1: 0, 2: 0}, "both replies, no error")
+    c.send_request(NBD_CMD_READ, 40 * MiB, MiB, cookie=7)
+    cookie, err, chunks, _ = c.recv_reply()
+    data, _ = read_via_chunks(chunks, 40 * MiB, MiB)
+    check((cookie, err, data) == (7, 0, pat[8 * MiB:9 * MiB]), "the WRITE is on disk")
+    c.disconnect()
+    big.check_alive()
+    big.stop()
+
+
 @case("DISC with flags, offset, count set still disconnects")
 def _():
     c = conn()
