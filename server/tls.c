@@ -67,6 +67,8 @@ struct tls_conn {
   struct tlsrec *rec;
   uint8_t *out;                   /* sealed records the socket has not taken */
   size_t out_len, out_off;
+  size_t max_content;             /* per record: 16 KiB, or the client's
+                                   * max_fragment_length (RFC 6066) */
   bool rec_broken;                /* sealing failed: nothing more goes out */
   /* The send direction's first application traffic secret, from the key
    * log, until the handshake ends; and how much OpenSSL had written then. */
@@ -454,7 +456,8 @@ msg_cb (int write_p, int version, int type, const void *buf, size_t len,
   const uint8_t *m = buf;
   if (type == SSL3_RT_HANDSHAKE && len >= 1 && m[0] == SSL3_MT_KEY_UPDATE) {
     log_debug ("TLS: client asked for a key update: sending ours");
-    key_update (c, t);
+    if (key_update (c, t) == -1)
+      log_error ("TLS: cannot send our key update (the client is not reading?); closing");
     return;
   }
   if (len > TLS_OUT_RESERVE - TLSREC_OVERHEAD || seal_control (c, t, type, buf, len) == -1) {
@@ -471,7 +474,10 @@ msg_cb (int write_p, int version, int type, const void *buf, size_t len,
 static void
 answer_key_update (struct conn *c, struct tls_conn *t)
 {
-  if (t->rec && SSL_get_key_update_type (t->ssl) != SSL_KEY_UPDATE_NONE) {
+  /* Mid-way through another post-handshake message OpenSSL refuses
+   * (still in init): the next tls_recv tries again. */
+  if (t->rec && SSL_is_init_finished (t->ssl)
+      && SSL_get_key_update_type (t->ssl) != SSL_KEY_UPDATE_NONE) {
     if (SSL_key_update (t->ssl, SSL_KEY_UPDATE_NOT_REQUESTED) != 1
         || SSL_do_handshake (t->ssl) != 1) {
       log_error ("TLS: cannot answer the client's key update; closing");
@@ -502,9 +508,19 @@ seal_takeover (struct tls_conn *t)
     why = "OpenSSL (no clean key hand-over)";
   else {
     const SSL_CIPHER *cipher = SSL_get_current_cipher (t->ssl);
+    uint8_t mfl = SSL_SESSION_get_max_fragment_length (SSL_get0_session (t->ssl));
+    t->max_content = TLSREC_MAX_CONTENT;
+    if (mfl >= TLSEXT_max_fragment_length_512 && mfl <= TLSEXT_max_fragment_length_4096)
+      t->max_content = 512u << (mfl - TLSEXT_max_fragment_length_512);
     t->rec = tlsrec_new (SSL_CIPHER_get_protocol_id (cipher),
                          SSL_CIPHER_get_handshake_digest (cipher), t->secret, t->secret_len);
+    if (!t->rec)
+      why = errno == ENOTSUP ? "OpenSSL (a suite blkd does not seal)"
+                             : "OpenSSL (could not set up our sealing)";
     t->out = t->rec ? malloc (TLS_OUT_CAP) : NULL;
+    /* From here OpenSSL writes only into the null BIO: its own records
+     * reuse our nonces under the same key, so they must never reach the
+     * socket; msg_cb re-seals what it meant to send. */
     BIO *sink = t->out ? BIO_new (BIO_s_null ()) : NULL;
     if (sink) {
       SSL_set0_wbio (t->ssl, sink);
@@ -515,7 +531,8 @@ seal_takeover (struct tls_conn *t)
       t->rec = NULL;
       free (t->out);
       t->out = NULL;
-      why = "OpenSSL (no memory to seal ourselves)";
+      if (!why)
+        why = "OpenSSL (no memory to seal ourselves)";
     }
   }
   OPENSSL_cleanse (t->secret, sizeof t->secret);
@@ -535,6 +552,8 @@ out_drain (struct conn *c, struct tls_conn *t)
       return errno == EAGAIN || errno == EWOULDBLOCK ? 1 : -1;
     }
     t->out_off += k;
+    if (cfg.idle_timeout)
+      c->t_active = now_ns ();      /* the client is reading */
   }
   t->out_off = t->out_len = 0;
   return 0;
@@ -580,10 +599,10 @@ sealed_sendv (struct conn *c, struct tls_conn *t, const struct iovec *iov, int n
       struct iovec piece[SEND_PIECES_MAX];
       int np = 0;
       size_t len = 0;
-      while (i < n && len < TLSREC_MAX_CONTENT && np < SEND_PIECES_MAX) {
+      while (i < n && len < t->max_content && np < SEND_PIECES_MAX) {
         size_t k = iov[i].iov_len - off;
-        if (k > TLSREC_MAX_CONTENT - len)
-          k = TLSREC_MAX_CONTENT - len;
+        if (k > t->max_content - len)
+          k = t->max_content - len;
         if (k > 0)
           piece[np++] = (struct iovec) { (char *) iov[i].iov_base + off, k };
         len += k;
@@ -769,6 +788,7 @@ tls_free (struct conn *c)
   SSL_free (t->ssl);
   tlsrec_free (t->rec);
   free (t->out);
+  OPENSSL_cleanse (t->secret, sizeof t->secret);   /* handshake failed after the key log */
   ERR_clear_error ();
   OPENSSL_cleanse (t->stage, sizeof t->stage);
   free (t);
@@ -931,8 +951,10 @@ tls_flushed (struct conn *c)
   struct tls_conn *t = c->tls;
   if (t->rec) {
     int r = out_drain (c, t);
-    if (r != 0)
-      return r;
+    if (r == -1 || t->rec_broken)
+      return -1;                    /* whatever could go out went */
+    if (r == 1)
+      return 1;
   }
   if (c->starttls_pending) {
     c->starttls_pending = false;

@@ -33,6 +33,13 @@ for seal in blkd openssl; do
   stop_server
 done
 
+echo "# a client that limits records to 512 bytes (max_fragment_length)"
+start_server -v --tls=require --tls-certificates="$T/server" memory 8M
+out=$(TLS_KU_MFL=512 "$KU" "$PORT" "$T/client-ca/ca-cert.pem" 10 3) \
+  || fail "client with max_fragment_length 512"
+expect_eq "$out" "rounds 10, key updates sent 3, received 3" "512-byte records, exact data, key updates"
+stop_server
+
 echo "# a flood of 2000 update requests, then data"
 start_server -v --tls=require --tls-certificates="$T/server" memory 8M
 out=$("$KU" "$PORT" "$T/client-ca/ca-cert.pem" 4 0 2000) || fail "client after a key update flood"

@@ -10,7 +10,8 @@
  * sending key on.  FLOOD: first send that many KeyUpdates back to back
  * without reading (the server may answer them with fewer, RFC 8446 4.6.3).
  * Prints how many KeyUpdates it sent and received; exits 1 on any error or
- * wrong byte. */
+ * wrong byte.  TLS_KU_MFL=512|1024|2048|4096 in the environment asks for
+ * that max_fragment_length (RFC 6066): records must not be larger. */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <netinet/in.h>
@@ -185,6 +186,12 @@ main (int argc, char **argv)
   if (SSL_CTX_load_verify_locations (ctx, argv[2], NULL) != 1)
     die ("cannot load the CA");
   SSL_CTX_set_msg_callback (ctx, msg_cb);
+  const char *mfl = getenv ("TLS_KU_MFL");
+  if (mfl) {
+    int v = atoi (mfl), code = v == 512 ? 1 : v == 1024 ? 2 : v == 2048 ? 3 : v == 4096 ? 4 : 0;
+    if (!code || SSL_CTX_set_tlsext_max_fragment_length (ctx, code) != 1)
+      die ("TLS_KU_MFL must be 512, 1024, 2048 or 4096");
+  }
   SSL *ssl = SSL_new (ctx);
   if (!ssl || SSL_set_fd (ssl, fd) != 1 || !SSL_set1_host (ssl, "localhost")
       || SSL_connect (ssl) != 1)
