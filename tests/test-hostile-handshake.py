@@ -31,11 +31,6 @@ NBD_REP_ERR_TOO_BIG = 0x80000009
 NBD_OPT_EXTENDED_HEADERS = 11
 MAX_OPTION_LEN = 4096 * 4 + 64          # server/handshake.c: larger is skipped
 
-import importlib.util  # noqa: E402
-_spec = importlib.util.spec_from_file_location(
-    "hostile", os.path.join(os.path.dirname(os.path.abspath(__file__)), "test-hostile-lib.py"))
-sys.modules["hostile"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sys.modules["hostile"])
 from hostile import *  # noqa: E402,F401,F403
 
 # ---- cases ----------------------------------------------------------------

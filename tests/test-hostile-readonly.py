@@ -13,11 +13,6 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
 from blkdtest import *  # noqa: E402,F401,F403
-import importlib.util  # noqa: E402
-_spec = importlib.util.spec_from_file_location(
-    "hostile", os.path.join(os.path.dirname(os.path.abspath(__file__)), "test-hostile-lib.py"))
-sys.modules["hostile"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sys.modules["hostile"])
 from hostile import *  # noqa: E402,F401,F403
 
 need_server()
