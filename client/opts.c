@@ -60,14 +60,20 @@ bp_test_primary_is_iops (enum bp_test t)
   return !(t == BP_STREAM_READ || t == BP_STREAM_WRITE || t == BP_SEQ_REWRITE);
 }
 
+static void
+vwarn (const char *fmt, va_list ap)
+{
+  fputs ("blkperf: ", stderr);
+  vfprintf (stderr, fmt, ap);
+  fputc ('\n', stderr);
+}
+
 void
 bp_die (const char *fmt, ...)
 {
   va_list ap;
   va_start (ap, fmt);
-  fputs ("blkperf: ", stderr);
-  vfprintf (stderr, fmt, ap);
-  fputc ('\n', stderr);
+  vwarn (fmt, ap);
   va_end (ap);
   exit (1);
 }
@@ -77,9 +83,7 @@ bp_warn (const char *fmt, ...)
 {
   va_list ap;
   va_start (ap, fmt);
-  fputs ("blkperf: ", stderr);
-  vfprintf (stderr, fmt, ap);
-  fputc ('\n', stderr);
+  vwarn (fmt, ap);
   va_end (ap);
 }
 

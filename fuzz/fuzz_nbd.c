@@ -75,17 +75,11 @@ plugin_path (void)
   const char *env = getenv ("BLKD_FUZZ_PLUGIN");
   if (env)
     return strdup (env);
-  char buf[PATH_MAX];
-  ssize_t n = readlink ("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0)
-    return NULL;
-  buf[n] = '\0';
-  char *slash = strrchr (buf, '/');
-  if (slash)
-    *slash = '\0';
-  char *p;
-  if (asprintf (&p, "%s/nbdkit-ram-plugin.so", buf) < 0)
-    return NULL;
+  char *dir = plugin_exe_dir ();
+  char *p = NULL;
+  if (dir && asprintf (&p, "%s/nbdkit-ram-plugin.so", dir) < 0)
+    p = NULL;
+  free (dir);
   return p;
 }
 

@@ -102,6 +102,7 @@ struct plugin_conn {
 };
 
 int plugin_load (const char *name, int argc, char **argv);  /* -1 + message */
+char *plugin_exe_dir (void);      /* malloc'd; NULL if /proc/self/exe fails */
 int plugin_dump (const char *name);
 int plugin_after_fork (void);
 void plugin_unload (void);

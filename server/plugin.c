@@ -57,8 +57,8 @@ valid_plugin_name (const char *name)
 
 /* Directory of the running executable, so an uninstalled ./blkd finds the
  * in-tree plugins next to it. */
-static char *
-exe_dir (void)
+char *
+plugin_exe_dir (void)
 {
   char buf[PATH_MAX];
   ssize_t n = readlink ("/proc/self/exe", buf, sizeof buf - 1);
@@ -85,7 +85,7 @@ find_plugin (const char *name)
     return resolved ? resolved : strdup (name);
   }
 
-  char *dir = exe_dir ();
+  char *dir = plugin_exe_dir ();
   const char *dirs_fmt[3] = { "%s/plugins/%s/nbdkit-%s-plugin.so",
                               BLKD_PLUGINDIR "/nbdkit-%s-plugin.so",
                               NBDKIT_PLUGINDIR "/nbdkit-%s-plugin.so" };
