@@ -17,7 +17,8 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
-from blkdtest import Server, check, check_eq, fail, free_port, nbd_connect, need_nbd, ok, skip, IS_NBDKIT  # noqa: E402
+from blkdtest import (Server, check, check_eq, fail, free_port, metric_value,  # noqa: E402
+                      nbd_connect, need_nbd, ok, skip, IS_NBDKIT)
 
 if IS_NBDKIT:
     skip("--delayacct is a blkd option")
@@ -35,21 +36,11 @@ def scrape(port):
         return {f.name: f for f in text_string_to_metric_families(r.read().decode())}
 
 
-def val(fams, family, name, **labels):
-    fam = fams.get(family)
-    if fam is None:
-        return None
-    for s in fam.samples:
-        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-            return s.value
-    return None
-
-
 def settle(port, want):
     deadline = time.time() + 5
     while True:
         fams = scrape(port)
-        got = {k: val(fams, "blkd_requests", "blkd_requests_total", cmd=k) for k in want}
+        got = {k: metric_value(fams, "blkd_requests", "blkd_requests_total", cmd=k) for k in want}
         if got == want or time.time() > deadline:
             return fams, got
 
@@ -82,7 +73,7 @@ def run(mode, dispatch):
     check_eq(bytes(h.pread(16 << 20, 0)) == bytes(model), True, "%s: whole disk exact" % what)
     nr += 1
     fams, got = settle(mport, {"read": nr, "write": nw, "flush": 1})
-    check_eq(val(fams, "blkd_delayacct_info", "blkd_delayacct_info", mode=mode), 1,
+    check_eq(metric_value(fams, "blkd_delayacct_info", "blkd_delayacct_info", mode=mode), 1,
              "%s: mode reported" % what)
 
     if mode == "off":
@@ -92,12 +83,12 @@ def run(mode, dispatch):
         counts = {"read": nr, "write": nw, "flush": 1}
         for ph in PHASES:
             for cmd, n in counts.items():
-                total = val(fams, "blkd_delay_%s_seconds" % ph,
+                total = metric_value(fams, "blkd_delay_%s_seconds" % ph,
                             "blkd_delay_%s_seconds_total" % ph, cmd=cmd)
                 hfam = "blkd_delay_%s_duration_seconds" % ph
-                cnt = val(fams, hfam, hfam + "_count", cmd=cmd)
-                hsum = val(fams, hfam, hfam + "_sum", cmd=cmd)
-                mx = val(fams, "blkd_delay_%s_max_seconds" % ph,
+                cnt = metric_value(fams, hfam, hfam + "_count", cmd=cmd)
+                hsum = metric_value(fams, hfam, hfam + "_sum", cmd=cmd)
+                mx = metric_value(fams, "blkd_delay_%s_max_seconds" % ph,
                          "blkd_delay_%s_max_seconds" % ph, cmd=cmd)
                 if total is None or cnt is None or hsum is None or mx is None:
                     fail("%s: %s/%s: delay series missing" % (what, ph, cmd))
@@ -115,8 +106,8 @@ def run(mode, dispatch):
                 if buckets[-1] != (float("inf"), n):
                     fail("%s: %s/%s: +Inf bucket %s" % (what, ph, cmd, buckets[-1]))
         ok("%s: three phases x read/write/flush: totals, max, histograms consistent" % what)
-        plug = val(fams, "blkd_delay_plugin_seconds", "blkd_delay_plugin_seconds_total", cmd="write")
-        send = val(fams, "blkd_delay_send_seconds", "blkd_delay_send_seconds_total", cmd="read")
+        plug = metric_value(fams, "blkd_delay_plugin_seconds", "blkd_delay_plugin_seconds_total", cmd="write")
+        send = metric_value(fams, "blkd_delay_send_seconds", "blkd_delay_send_seconds_total", cmd="read")
         check(plug > 0 and send > 0, "%s: plugin time %.6f s, send time %.6f s" % (what, plug, send))
     h.shutdown()
     srv.stop()
@@ -136,8 +127,8 @@ def slow_plugin(mode):
         h.pread(4096, i * 4096)
     fams, got = settle(mport, {"read": 3})
     check_eq(got, {"read": 3}, "%s: reads counted" % what)
-    plug = val(fams, "blkd_delay_plugin_seconds", "blkd_delay_plugin_seconds_total", cmd="read")
-    queued = val(fams, "blkd_delay_queued_seconds", "blkd_delay_queued_seconds_total", cmd="read")
+    plug = metric_value(fams, "blkd_delay_plugin_seconds", "blkd_delay_plugin_seconds_total", cmd="read")
+    queued = metric_value(fams, "blkd_delay_queued_seconds", "blkd_delay_queued_seconds_total", cmd="read")
     check(plug >= 0.6, "%s: plugin time %.3f s >= 3 x 0.2 s" % (what, plug))
     check(queued < 0.3, "%s: queued time %.3f s is not the plugin's" % (what, queued))
     under = [s.value for s in fams["blkd_delay_plugin_duration_seconds"].samples

@@ -21,8 +21,8 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
-from blkdtest import (Server, check, check_eq, fail, free_port, need_nbd, nbd_connect,  # noqa: E402
-                      ok, skip, IS_NBDKIT)
+from blkdtest import (Server, check, check_eq, fail, free_port, metric_value,  # noqa: E402
+                      need_nbd, nbd_connect, ok, skip, IS_NBDKIT)
 
 if IS_NBDKIT:
     skip("--metrics is a blkd option")
@@ -51,23 +51,13 @@ def scrape(port):
     return fams
 
 
-def sample(fams, family, name, **labels):
-    fam = fams.get(family)
-    if fam is None:
-        return None
-    for s in fam.samples:
-        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-            return s.value
-    return None
-
-
 def wait_counts(port, want, what):
     """The reply reaches the client a moment before the server counts the
     request as done: poll briefly until the counters settle."""
     deadline = time.time() + 5
     while True:
         fams = scrape(port)
-        got = {k: sample(fams, "blkd_requests", "blkd_requests_total", cmd=k) for k in want}
+        got = {k: metric_value(fams, "blkd_requests", "blkd_requests_total", cmd=k) for k in want}
         if got == want or time.time() > deadline:
             check_eq(got, want, what)
             return fams
@@ -84,18 +74,18 @@ for i in range(K):
 for i in range(N):
     got = h.pread(B, (i * B) % (32 << 20))
 fams = wait_counts(mport, {"read": N, "write": K}, "requests by command")
-check_eq(sample(fams, "blkd_bytes", "blkd_bytes_total", cmd="read"), N * B, "read bytes")
-check_eq(sample(fams, "blkd_bytes", "blkd_bytes_total", cmd="write"), K * W, "written bytes")
-check_eq(sample(fams, "blkd_errors", "blkd_errors_total", cmd="read"), 0, "read errors")
-check_eq(sample(fams, "blkd_connections", "blkd_connections"), 1, "connections open")
-check_eq(sample(fams, "blkd_requests_in_flight", "blkd_requests_in_flight"), 0, "in flight")
+check_eq(metric_value(fams, "blkd_bytes", "blkd_bytes_total", cmd="read"), N * B, "read bytes")
+check_eq(metric_value(fams, "blkd_bytes", "blkd_bytes_total", cmd="write"), K * W, "written bytes")
+check_eq(metric_value(fams, "blkd_errors", "blkd_errors_total", cmd="read"), 0, "read errors")
+check_eq(metric_value(fams, "blkd_connections", "blkd_connections"), 1, "connections open")
+check_eq(metric_value(fams, "blkd_requests_in_flight", "blkd_requests_in_flight"), 0, "in flight")
 for fam in ("blkd_requests", "blkd_bytes", "blkd_errors", "blkd_process_cpu_user_seconds",
             "blkd_process_cpu_system_seconds", "process_cpu_seconds", "blkd_delay_plugin_seconds"):
     check_eq(fams[fam].type, "counter", "%s is a counter" % fam)
 check_eq(fams["blkd_delay_plugin_duration_seconds"].type, "histogram", "delay histogram type")
-user = sample(fams, "blkd_process_cpu_user_seconds", "blkd_process_cpu_user_seconds_total")
-sys_ = sample(fams, "blkd_process_cpu_system_seconds", "blkd_process_cpu_system_seconds_total")
-tot = sample(fams, "process_cpu_seconds", "process_cpu_seconds_total")
+user = metric_value(fams, "blkd_process_cpu_user_seconds", "blkd_process_cpu_user_seconds_total")
+sys_ = metric_value(fams, "blkd_process_cpu_system_seconds", "blkd_process_cpu_system_seconds_total")
+tot = metric_value(fams, "process_cpu_seconds", "process_cpu_seconds_total")
 check(user is not None and sys_ is not None and tot is not None and user + sys_ > 0,
       "CPU user %.3f + system %.3f s" % (user or 0, sys_ or 0))
 check(abs(tot - (user + sys_)) < 0.01, "process_cpu_seconds_total = user + system")
@@ -110,8 +100,8 @@ try:
 except nbd.Error:
     pass
 fams = wait_counts(mport, {"read": N + 1, "write": K}, "requests after one failed read")
-check_eq(sample(fams, "blkd_errors", "blkd_errors_total", cmd="read"), 1, "read errors")
-check_eq(sample(fams, "blkd_bytes", "blkd_bytes_total", cmd="read"), N * B, "failed read adds no bytes")
+check_eq(metric_value(fams, "blkd_errors", "blkd_errors_total", cmd="read"), 1, "read errors")
+check_eq(metric_value(fams, "blkd_bytes", "blkd_bytes_total", cmd="read"), N * B, "failed read adds no bytes")
 
 # ---- /stats ---------------------------------------------------------------
 status, text = get(mport, "/stats")
@@ -153,16 +143,16 @@ h.pread(65536, 0)          # hit
 h.pread(4096, 4096)        # hit
 h.pwrite(b"x" * 4096, 1 << 20)   # read-modify-write: one more block, dirty
 fams = scrape(mport)
-check_eq(sample(fams, "blkd_cache_hits", "blkd_cache_hits_total"), 2, "cache hits")
-check_eq(sample(fams, "blkd_cache_misses", "blkd_cache_misses_total"), 1, "cache misses")
-check_eq(sample(fams, "blkd_cache_dirty_bytes", "blkd_cache_dirty_bytes"), 65536, "dirty bytes")
-check_eq(sample(fams, "blkd_cache_entries", "blkd_cache_entries"), 2, "cache entries")
-check_eq(sample(fams, "blkd_cache_capacity_bytes", "blkd_cache_capacity_bytes"), 1 << 20,
+check_eq(metric_value(fams, "blkd_cache_hits", "blkd_cache_hits_total"), 2, "cache hits")
+check_eq(metric_value(fams, "blkd_cache_misses", "blkd_cache_misses_total"), 1, "cache misses")
+check_eq(metric_value(fams, "blkd_cache_dirty_bytes", "blkd_cache_dirty_bytes"), 65536, "dirty bytes")
+check_eq(metric_value(fams, "blkd_cache_entries", "blkd_cache_entries"), 2, "cache entries")
+check_eq(metric_value(fams, "blkd_cache_capacity_bytes", "blkd_cache_capacity_bytes"), 1 << 20,
          "cache capacity")
 h.flush()
 fams = scrape(mport)
-check_eq(sample(fams, "blkd_cache_dirty_bytes", "blkd_cache_dirty_bytes"), 0, "dirty after flush")
-check_eq(sample(fams, "blkd_cache_writebacks", "blkd_cache_writebacks_total"), 1, "writebacks")
+check_eq(metric_value(fams, "blkd_cache_dirty_bytes", "blkd_cache_dirty_bytes"), 0, "dirty after flush")
+check_eq(metric_value(fams, "blkd_cache_writebacks", "blkd_cache_writebacks_total"), 1, "writebacks")
 h.shutdown()
 srv.stop()
 

@@ -76,6 +76,18 @@ def blkd_only(what, why):
     return True
 
 
+def metric_value(fams, family, name, **labels):
+    """The value of sample NAME with these labels in a parsed Prometheus
+    family dict (family name -> prometheus_client Metric), or None."""
+    fam = fams.get(family)
+    if fam is None:
+        return None
+    for s in fam.samples:
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    return None
+
+
 def need_server():
     if not (os.path.isfile(BLKD) and os.access(BLKD, os.X_OK)):
         skip("no server binary at %s (build blkd, or set BLKD=/usr/bin/nbdkit)" % BLKD)
