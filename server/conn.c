@@ -255,6 +255,15 @@ send_pending (struct conn *c)
   }
 }
 
+/* Reading was paused: resume once nothing that paused it still holds. */
+static void
+resume_if_unblocked (struct conn *c)
+{
+  if (c->read_paused && !c->waiting_buffers && !c->stalled_req && !c->send_full
+      && c->inflight < cfg.max_inflight && c->olen - c->ooff <= OBUF_PAUSE)
+    conn_resume_reading (c);
+}
+
 /* Send what can be sent; watch for writability if the socket is full;
  * resume reading if back-pressure eased; free the connection when done. */
 void
@@ -276,9 +285,7 @@ conn_flush (struct conn *c)
   }
   if (conn_maybe_free (c))
     return;
-  if (c->read_paused && !c->waiting_buffers && !c->stalled_req && !c->send_full
-      && c->inflight < cfg.max_inflight && c->olen - c->ooff <= OBUF_PAUSE)
-    conn_resume_reading (c);
+  resume_if_unblocked (c);
 }
 
 static void
@@ -313,9 +320,10 @@ conn_on_complete (struct request *r)
   for (unsigned i = 0; i < r->niov; i++)
     c->sendq_bytes += r->iov[i].iov_len;
   /* Big replies go out now, before the next request evicts them from
-   * cache.  Errors wait for the conn_flush that follows every batch (it
-   * meets them again and closes); closing here would free c under the
-   * parser.  A full socket sets send_full, which stops the parser. */
+   * cache.  A full socket sets send_full, which stops the parser.  An
+   * error stops it too (want_close); the conn_flush that follows every
+   * batch meets the error again and closes: closing here would free c
+   * under the parser. */
   if (c->sendq_bytes >= SEND_EAGER && !c->send_full && !c->want_close
       && !c->starttls_pending && c->phase == CONN_TRANSMISSION
       && send_pending (c) == -1)
@@ -484,9 +492,7 @@ conn_on_stall (evutil_socket_t fd, short what, void *arg)
   log_current = &c->log;
   c->stall_expired = true;
   c->send_full = false;
-  if (c->read_paused && !c->waiting_buffers && !c->stalled_req
-      && c->inflight < cfg.max_inflight && c->olen - c->ooff <= OBUF_PAUSE)
-    conn_resume_reading (c);
+  resume_if_unblocked (c);
   log_current = NULL;
 }
 
