@@ -415,8 +415,12 @@ seal_control (struct conn *c, struct tls_conn *t, uint8_t type, const void *msg,
 {
   struct iovec piece = { (void *) msg, len };
   size_t k = 0;
-  if (t->out_len + len + TLSREC_OVERHEAD > TLS_OUT_CAP)
-    out_drain (c, t);
+  if (t->out_len + len + TLSREC_OVERHEAD > TLS_OUT_CAP && out_drain (c, t) == 1) {
+    /* Part went out: move the rest to the front to make room. */
+    memmove (t->out, t->out + t->out_off, t->out_len - t->out_off);
+    t->out_len -= t->out_off;
+    t->out_off = 0;
+  }
   if (t->out_len + len + TLSREC_OVERHEAD <= TLS_OUT_CAP)
     k = tlsrec_seal (t->rec, type, &piece, 1, t->out + t->out_len);
   if (k == 0) {
