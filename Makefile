@@ -1,14 +1,27 @@
 # blkd build: the server, its plugins, blkperf, tests, benchmarks and deployment.
 # Each area keeps its own rules in a fragment (plugins/plugins.mk,
 # client/client.mk, tests/tests.mk, deploy/deploy.mk) so they can grow apart.
+#
+# The user's CFLAGS, CPPFLAGS and LDFLAGS (make CFLAGS='-O1 -g', a Debian
+# package's dpkg-buildflags) are honoured everywhere and never replace the
+# project's own flags, which live in BLKD_* variables and come first.
+# WERROR=0 turns -Werror off (for packagers on newer compilers); NO_DEPS=1
+# keeps `make run` and `make check` away from apt.
 
-CC       ?= gcc
+# gcc unless the user names another (make's built-in default is cc).
+ifeq ($(origin CC),default)
+CC        = gcc
+endif
+PKG_CONFIG ?= pkg-config
 PREFIX   ?= /usr/local
 DESTDIR  ?=
 BINDIR    = $(PREFIX)/bin
 LIBDIR    = $(PREFIX)/lib/blkd
 PLUGINDIR = $(LIBDIR)/plugins
-VERSION   = 0.1.0
+MANDIR    = $(PREFIX)/share/man
+# The one place the release version lives (blkd -V, blkperf -V, /stats,
+# make dist).
+VERSION  := $(shell cat VERSION)
 
 # SANITIZE=1 builds everything with AddressSanitizer + UBSan into its own
 # object tree, so a sanitizer build never mixes with a plain one.
@@ -20,45 +33,75 @@ SANFLAGS  =
 BUILD     = build/plain
 endif
 
-WARN      = -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
+# pkg-config is asked when a recipe first needs the answer, not when the
+# Makefile is read: on a fresh machine `make check` installs pkg-config and
+# the -dev packages (deps) before anything is compiled.
+lazy = $(eval $(1) := $$(shell $(2)))$($(1))
+EVENT_LIBS       = $(call lazy,EVENT_LIBS,$(PKG_CONFIG) --libs libevent_core libevent_extra)
+SSL_LIBS         = $(call lazy,SSL_LIBS,$(PKG_CONFIG) --libs openssl)
+NBD_CFLAGS       = $(call lazy,NBD_CFLAGS,$(PKG_CONFIG) --cflags libnbd)
+NBD_LIBS         = $(call lazy,NBD_LIBS,$(PKG_CONFIG) --libs libnbd)
+NBDKIT_CFLAGS    = $(call lazy,NBDKIT_CFLAGS,$(PKG_CONFIG) --cflags nbdkit)
+NBDKIT_PLUGINDIR = $(call lazy,NBDKIT_PLUGINDIR,$(PKG_CONFIG) --variable=plugindir nbdkit)
+
+WERROR   ?= 1
 CFLAGS   ?= -O2 -g
-CFLAGS   += -std=gnu11 $(WARN) $(SANFLAGS) -D_GNU_SOURCE -Iinclude -pthread \
-            -DBLKD_VERSION='"$(VERSION)"' -DBLKD_PLUGINDIR='"$(PLUGINDIR)"'
-LDFLAGS  += $(SANFLAGS) -pthread
+WARN      = -Wall -Wextra -Wshadow -Wno-unused-parameter $(if $(filter 1,$(WERROR)),-Werror)
+# -MMD -MP: each object depends on exactly the headers it includes.
+BLKD_CPPFLAGS = -D_GNU_SOURCE -Iinclude -Icommon $(NBDKIT_CFLAGS) $(NBD_CFLAGS) \
+                -DBLKD_VERSION='"$(VERSION)"' -DBLKD_PLUGINDIR='"$(PLUGINDIR)"' \
+                -DNBDKIT_PLUGINDIR='"$(NBDKIT_PLUGINDIR)"'
+BLKD_CFLAGS   = -std=gnu11 $(WARN) -pthread -MMD -MP
+# Project flags first, the user's after them so theirs win (-O, -g, -f...).
+ALL_CFLAGS    = $(BLKD_CPPFLAGS) $(CPPFLAGS) $(BLKD_CFLAGS) $(SANFLAGS) $(CFLAGS)
+ALL_LDFLAGS   = $(SANFLAGS) -pthread $(LDFLAGS)
 
 # Packages the build, tests and benchmarks need (Debian 12 names).
 DEPS = build-essential pkg-config libevent-dev libssl-dev openssl \
        nbdkit nbdkit-plugin-dev libnbd-dev libnbd-bin python3-libnbd \
        python3-prometheus-client qemu-utils qemu-system-common fuse3 \
        e2fsprogs fio nbd-client nbd-server iperf3 clang valgrind \
-       systemd iproute2 procps psmisc curl python3-yaml bc
+       systemd iproute2 procps psmisc curl python3-yaml bc groff-base man-db
 
-SERVER_SRCS = $(wildcard server/*.c)
+SERVER_SRCS = $(wildcard server/*.c) $(wildcard common/*.c)
 SERVER_OBJS = $(SERVER_SRCS:%.c=$(BUILD)/%.o)
-SERVER_LIBS = -levent_core -levent_extra -levent_pthreads -lssl -lcrypto -ldl -lm
+SERVER_LIBS = $(EVENT_LIBS) $(SSL_LIBS) -ldl -lm
 
-.PHONY: all deps run check install clean bench bench-anchors
+# `make run` and `make check` install what is missing first, unless
+# NO_DEPS=1; every compile waits for that step (order-only), so -j cannot
+# start compiling before the headers are there.  Plain `make` never runs apt.
+ifneq ($(NO_DEPS),1)
+ifneq ($(filter run check,$(MAKECMDGOALS)),)
+DEPS_STEP = deps
+endif
+endif
+
+.PHONY: all deps run check install uninstall clean dist bench bench-anchors
 all: blkd
 
 # The binary always lands at the top of the tree so ./blkd runs uninstalled;
 # it is rebuilt when the build flavour changes (a stamp names the flavour).
 blkd: $(SERVER_OBJS) $(BUILD)/.flavour
-	$(CC) $(LDFLAGS) -rdynamic -o $@ $(SERVER_OBJS) $(SERVER_LIBS)
+	$(CC) $(ALL_CFLAGS) -rdynamic -o $@ $(SERVER_OBJS) $(ALL_LDFLAGS) $(SERVER_LIBS)
 
 $(BUILD)/.flavour:
 	@mkdir -p $(BUILD)
 	@rm -f build/*/.flavour
 	@touch $@
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h server/*.h)
+# VERSION and the directories are compiled in: a new version rebuilds.
+$(BUILD)/%.o: %.c VERSION | $(DEPS_STEP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -fvisibility=default -c -o $@ $<
+	$(CC) $(ALL_CFLAGS) -fvisibility=default -c -o $@ $<
+
+-include $(SERVER_OBJS:.o=.d)
 
 include plugins/plugins.mk
 include client/client.mk
 include tests/tests.mk
 include deploy/deploy.mk
 include fuzz/fuzz.mk
+include man/man.mk
 
 # Install only what is missing: a machine that has everything runs no apt.
 deps:
@@ -70,7 +113,7 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-run: deps all
+run: $(DEPS_STEP) all
 	./blkd -f -i 127.0.0.1 -p 10809 ram size=1G
 
 # Side-by-side fio anchors against nbdkit, qemu-nbd and nbd-server (issue 3).
@@ -91,10 +134,26 @@ bench: deps all
 	bench/seeds.sh build/bench
 
 install: all
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(MANDIR)/man1
 	install -m 0755 blkd $(DESTDIR)$(BINDIR)/blkd
 	install -m 0755 blkperf $(DESTDIR)$(BINDIR)/blkperf
-	for p in $(PLUGINS); do install -m 0755 $$p $(DESTDIR)$(PLUGINDIR)/; done
+	for p in $(PLUGINS); do install -m 0755 $$p $(DESTDIR)$(PLUGINDIR)/ || exit 1; done
+	install -m 0644 $(MAN_PAGES) $(DESTDIR)$(MANDIR)/man1/
+
+# Removes what install put there, and the directories only if now empty.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/blkd $(DESTDIR)$(BINDIR)/blkperf
+	rm -f $(foreach p,$(PLUGINS),$(DESTDIR)$(PLUGINDIR)/$(notdir $(p)))
+	rm -f $(foreach m,$(MAN_PAGES),$(DESTDIR)$(MANDIR)/man1/$(notdir $(m)))
+	-rmdir $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(LIBDIR) 2>/dev/null
+
+# A release tarball of the committed tree (git archive: only what is
+# tracked), named after VERSION.  Uncommitted changes are not in it.
+DIST = blkd-$(VERSION)
+dist:
+	@mkdir -p build
+	git archive --format=tar.gz --prefix=$(DIST)/ -o build/$(DIST).tar.gz HEAD
+	@echo "dist: build/$(DIST).tar.gz"
 
 clean:
 	rm -rf build blkd blkperf $(PLUGINS) $(TEST_BINS) $(TEST_HELPERS)

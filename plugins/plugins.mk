@@ -8,7 +8,11 @@ PLUGINS = $(foreach p,$(PLUGIN_NAMES),plugins/$(p)/nbdkit-$(p)-plugin.so)
 # out of git, and `make clean-test-plugins` removes them.
 PLUGIN_TEST_NAMES = partial
 PLUGIN_TESTS = $(foreach p,$(PLUGIN_TEST_NAMES),plugins/$(p)/nbdkit-$(p)-plugin.so)
-PLUGIN_CFLAGS = -std=gnu11 $(WARN) -O2 -g -D_GNU_SOURCE -Iinclude -fPIC -pthread
+
+# No sanitizer flags: the same .so must load into a plain nbdkit too.  The
+# objects live in build/plugins whatever the flavour for the same reason.
+PLUGIN_ALL_CFLAGS = $(BLKD_CPPFLAGS) $(CPPFLAGS) $(BLKD_CFLAGS) -fPIC $(CFLAGS)
+PLUGIN_BUILD = build/plugins
 
 all: $(PLUGINS) $(PLUGIN_TESTS)
 
@@ -16,5 +20,16 @@ all: $(PLUGINS) $(PLUGIN_TESTS)
 clean-test-plugins:
 	rm -f $(PLUGIN_TESTS)
 
-plugins/%.so: $(wildcard plugins/*/*.c) $(wildcard plugins/*/*.h)
-	$(CC) $(PLUGIN_CFLAGS) -shared -o $@ $(wildcard $(dir $@)*.c) -pthread
+# One link rule per plugin over its own objects only: touching ram.c
+# rebuilds the ram plugin, nothing else.
+define plugin_rule
+plugins/$(1)/nbdkit-$(1)-plugin.so: $(patsubst %.c,$(PLUGIN_BUILD)/%.o,$(wildcard plugins/$(1)/*.c))
+	$$(CC) $$(PLUGIN_ALL_CFLAGS) -shared -o $$@ $$^ -pthread $$(LDFLAGS)
+endef
+$(foreach p,$(PLUGIN_NAMES) $(PLUGIN_TEST_NAMES),$(eval $(call plugin_rule,$(p))))
+
+$(PLUGIN_BUILD)/%.o: %.c | $(DEPS_STEP)
+	@mkdir -p $(dir $@)
+	$(CC) $(PLUGIN_ALL_CFLAGS) -c -o $@ $<
+
+-include $(patsubst %.c,$(PLUGIN_BUILD)/%.d,$(wildcard plugins/*/*.c))

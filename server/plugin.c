@@ -13,8 +13,10 @@
 
 #include "internal.h"
 
+/* nbdkit's plugin directory comes from the build (pkg-config nbdkit):
+ * it differs per architecture and distribution. */
 #ifndef NBDKIT_PLUGINDIR
-#define NBDKIT_PLUGINDIR "/usr/lib/x86_64-linux-gnu/nbdkit/plugins"
+#error "NBDKIT_PLUGINDIR must be defined (pkg-config --variable=plugindir nbdkit)"
 #endif
 
 static struct nbdkit_plugin p;      /* our zero-padded copy of theirs */
