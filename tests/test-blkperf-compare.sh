@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # blkperf compare: a server against itself comes out not significant, a
 # server against a slowed-down one comes out significant, in both outputs.
+# run.sh: serial (timed benchmark iterations)
 . "$(dirname "$0")/lib.sh"
 [ -x "$BLKPERF" ] || skip "blkperf is not built (make blkperf)"
 need nbdkit        # the slowed-down B is nbdkit's delay filter

@@ -4,6 +4,7 @@
 # same data (--verify_only) on new connections; a time-based phase checks
 # writes as it goes (verify_backlog); and a planted corruption must make
 # the verify fail, so the check is known to bite.
+# run.sh: serial (fio load)
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/helpers/core.sh"
 need_server

@@ -11,6 +11,7 @@
 #
 # Slow and needs podman plus a built image, so `make check` skips it; run it
 # with `make container-test` (which builds the image first).
+# run.sh: serial (podman containers)
 . "$(dirname "$0")/lib.sh"
 
 [ "${BLKD_CONTAINER_TEST:-}" = 1 ] ||

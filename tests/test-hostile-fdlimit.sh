@@ -6,6 +6,7 @@
 # serve new clients once the crowd leaves.  The rawio plugin (an fd per
 # open) is used so GO itself can hit the limit: that must be a clean
 # option error, not a crash.
+# run.sh: serial (checks blkd's CPU use)
 . "$(dirname "$0")/lib.sh"
 [ -x "$BLKD" ] || skip "no blkd binary at $BLKD"
 RAWIO=$TOP/plugins/rawio/nbdkit-rawio-plugin.so

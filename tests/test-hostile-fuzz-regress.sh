@@ -5,6 +5,7 @@
 # clang and ASan/UBSan into build/fuzz (make fuzz-regress).  Any crash,
 # sanitizer report, leak or hang fails.  Skips without clang or libFuzzer.
 # The first run builds the harness (~30 s); later runs take a second.
+# run.sh: serial (builds the fuzz harness with clang)
 . "$(dirname "$0")/lib.sh"
 command -v clang >/dev/null 2>&1 || skip "clang is not installed (needed for libFuzzer)"
 echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' >"$TMP/t.c"

@@ -14,6 +14,7 @@
 #    every acknowledged write must be in the file, byte for byte.
 # 3. SIGTERM while a plugin call (eval plugin, sleep 12) outlives the 10 s
 #    drain timeout: blkd must wait without spinning and exit 0.
+# run.sh: serial (64 fio jobs and CPU-use checks)
 . "$(dirname "$0")/lib.sh"
 [ -x "$BLKD" ] || skip "no blkd binary at $BLKD"
 need fio
