@@ -55,9 +55,10 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 EOF
 start_metrics() {   # start_metrics MODE TAG: sets MURL
-  local port; port=$(free_port)
-  "$PY" "$TMP/metrics.py" "$port" "$1" "$2" "$TMP/scrapes.log" >>"$TMP/metrics.log" 2>&1 &
+  local port
+  "$PY" "$TMP/metrics.py" 0 "$1" "$2" "$TMP/scrapes.log" >>"$TMP/metrics.log" 2>&1 &
   SERVER_PIDS+=($!)
+  port=$(wait_listen $!)
   wait_port "$port"
   MURL="http://127.0.0.1:$port/metrics"
 }
@@ -106,7 +107,8 @@ jcheck "$TMP/node.json" 'r["basis"] == "machine"' \
   'abs(r["user"] - 20) < 1e-6 and abs(r["system"] - 10) < 1e-6 and abs(r["idle"] - 70) < 1e-6'
 
 # --- unreachable and wrong endpoints: the run stands, remote is n/a -----------
-dead="http://127.0.0.1:$(free_port)/metrics"
+dead_port
+dead="http://127.0.0.1:$DEAD_PORT/metrics"
 "$BLKPERF" -t RR -l 1 -M "$dead" --json "$NBD" >"$TMP/dead.json" || fail "dead endpoint changed the exit status"
 jcheck "$TMP/dead.json" 'r is None' '"refused" in d["metrics_error"]' 'd["iops"] > 0'
 "$BLKPERF" -t RR -l 1 -M "${MURL%/metrics}/nope" --json "$NBD" >"$TMP/404.json" || fail "404 run"
@@ -132,8 +134,8 @@ EOF
 
 # --- blkd's real endpoint, once it serves one ---------------------------------
 if [ ${#SRV[@]} -eq 0 ] && "$BLKD" --help 2>/dev/null | grep -q -- "--metrics"; then
-  mport=$(free_port)
-  start_server --metrics "127.0.0.1:$mport" "${MEM[@]}"
+  start_server --metrics 127.0.0.1:0 "${MEM[@]}"
+  mport=$METRICS_PORT
   if "$PY" -c 'import sys, urllib.request; sys.exit(0 if b"cpu_seconds_total" in urllib.request.urlopen(sys.argv[1], timeout=3).read() else 1)' \
        "http://127.0.0.1:$mport/metrics" 2>/dev/null; then
     "$BLKPERF" -t RAND_RW -l 1 -M "http://127.0.0.1:$mport/metrics" --json "$URI" >"$TMP/real.json" \

@@ -155,7 +155,8 @@ expect_fail() {   # expect_fail STATUS PATTERN ARGS...
 }
 expect_fail 1 "cannot connect to foo://x" -l 1 foo://x
 expect_fail 1 "cannot connect to not a uri" -l 1 "not a uri"
-expect_fail 1 "Connection refused" -l 1 "nbd://127.0.0.1:$(free_port)"
+dead_port
+expect_fail 1 "Connection refused" -l 1 "nbd://127.0.0.1:$DEAD_PORT"
 expect_fail 2 "unknown test" -t NOPE "$MEM_URI"
 expect_fail 2 "expected one URI" -l 1
 expect_fail 2 "RR keeps one request" -t RR -q 8 "$MEM_URI"

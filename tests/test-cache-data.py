@@ -14,7 +14,7 @@ import sys
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
-from blkdtest import (Server, check, check_eq, fail, free_port, need_nbd, nbd_connect,  # noqa: E402
+from blkdtest import (Server, check, check_eq, fail, need_nbd, nbd_connect,  # noqa: E402
                       ok, skip, IS_NBDKIT)
 
 if IS_NBDKIT:
@@ -31,12 +31,12 @@ def stats(port):
 
 
 def run(mode, ctor, cache, dispatch, seed):
-    mport = free_port()
     opts = ["--cache", str(cache), "--cache-block", str(BLOCK), "--cache-mode", mode,
-            "--cache-ctor", ctor, "--metrics", "127.0.0.1:%d" % mport]
+            "--cache-ctor", ctor, "--metrics", "127.0.0.1:0"]
     if dispatch:
         opts += ["--dispatch", dispatch, "--threads", "4"]
     srv = Server(["ram", "size=%d" % SIZE], opts=opts)
+    mport = srv.metrics_port
     what = "%s ctor=%s cache=%d%s" % (mode, ctor, cache, " " + dispatch if dispatch else "")
     a = nbd_connect(srv)
     b = nbd_connect(srv)

@@ -17,7 +17,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
-from blkdtest import (Server, check, check_eq, fail, free_port, need_nbd, nbd_connect,  # noqa: E402
+from blkdtest import (Server, check, check_eq, fail, need_nbd, nbd_connect,  # noqa: E402
                       ok, skip, IS_NBDKIT, TOP)
 
 if IS_NBDKIT:
@@ -65,10 +65,10 @@ def run(direct, ctor, seed):
         os.write(fd, base)
         os.close(fd)
         model = bytearray(base)
-        mport = free_port()
         srv = Server([RAWIO, "file=" + path, "direct=" + ("true" if direct else "false")],
                      opts=["--cache", "8M", "--cache-mode", "writeback", "--cache-ctor", ctor,
-                           "--metrics", "127.0.0.1:%d" % mport])
+                           "--metrics", "127.0.0.1:0"])
+        mport = srv.metrics_port
 
         # 1. Written but not flushed: in the cache, not in the file.
         h = nbd_connect(srv)

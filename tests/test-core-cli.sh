@@ -17,7 +17,7 @@ echo "# start-up errors: one clear line, exit 1"
 expect_startup_error() {
   local want=$1; shift
   set +e
-  out=$("$BLKD" -f -i 127.0.0.1 -p "$(free_port)" "$@" 2>&1)
+  out=$("$BLKD" -f -i 127.0.0.1 -p 0 "$@" 2>&1)
   rc=$?
   set -e
   [ $rc -eq 1 ] || fail "'$*' exited $rc, want 1 (output: $out)"
@@ -29,10 +29,9 @@ expect_startup_error "not found" no-such-plugin
 expect_startup_error "bad parameter" memory size=banana
 expect_startup_error "unknown value" --iobuf=sometimes memory 1M
 expect_startup_error "size" --max-request=1 memory 1M
-PORT=$(free_port)
-"$BLKD" -f -i 127.0.0.1 -p "$PORT" memory 1M >"$TMP/first.log" 2>&1 &
+"$BLKD" -f -i 127.0.0.1 -p 0 memory 1M >"$TMP/first.log" 2>&1 &
 FIRST=$!; SERVER_PIDS+=("$FIRST")
-wait_port "$PORT"
+PORT=$(wait_listen "$FIRST")
 set +e
 out=$("$BLKD" -f -i 127.0.0.1 -p "$PORT" memory 1M 2>&1); rc=$?
 set -e
@@ -50,12 +49,21 @@ echo "ok: default serves ram of 1 GiB"
 
 echo "# no -i: both IPv4 and IPv6"
 if [ -e /proc/net/if_inet6 ]; then
-  PORT=$(free_port)
-  "$BLKD" -f -p "$PORT" memory 1M >>"$TMP/server.log" 2>&1 &
+  "$BLKD" -f -p 0 memory 1M >>"$TMP/server.log" 2>&1 &
   SERVER_PID=$!; SERVER_PIDS+=("$SERVER_PID")
+  # Port 0 on two sockets gives two kernel-chosen ports; both must serve.
+  mapfile -t ports < <(for _ in $(seq 200); do p=$(listen_ports "$SERVER_PID"); \
+                         [ "$(wc -l <<<"$p")" -ge 2 ] && { echo "$p"; break; }; sleep 0.05; done)
+  [ ${#ports[@]} -ge 2 ] || fail "no -i: fewer than two listeners: ${ports[*]}"
+  PORT=${ports[0]}
   wait_port "$PORT"
-  [ "$(nbdinfo --size "nbd://[::1]:$PORT")" = 1048576 ] || fail "no IPv6 listener"
-  [ "$(nbdinfo --size "nbd://127.0.0.1:$PORT")" = 1048576 ] || fail "no IPv4 listener"
+  ok6=0 ok4=0
+  for p in "${ports[@]}"; do
+    [ "$(nbdinfo --size "nbd://[::1]:$p" 2>/dev/null)" = 1048576 ] && ok6=1
+    [ "$(nbdinfo --size "nbd://127.0.0.1:$p" 2>/dev/null)" = 1048576 ] && ok4=1
+  done
+  [ $ok6 = 1 ] || fail "no IPv6 listener"
+  [ $ok4 = 1 ] || fail "no IPv4 listener"
   stop_server
   echo "ok: listens on IPv4 and IPv6"
 else
@@ -63,7 +71,7 @@ else
 fi
 
 echo "# plugin by path"
-start_server /usr/lib/x86_64-linux-gnu/nbdkit/plugins/nbdkit-null-plugin.so 5M
+start_server "$NBDKIT_PLUGINDIR/nbdkit-null-plugin.so" 5M
 [ "$(nbdinfo --size "$URI")" = 5242880 ] || fail "null plugin by path"
 stop_server
 echo "ok: plugin loaded by path"
@@ -76,18 +84,18 @@ set +e
 "$BLKD" --run 'exit 7' memory 1M; rc=$?
 set -e
 [ $rc -eq 7 ] || fail "--run exit status $rc, want 7"
-PORT=$(free_port)
-out=$("$BLKD" -i 127.0.0.1 -p "$PORT" --run 'echo "port=$port uri=$uri"' memory 1M 2>&1)
-echo "$out" | grep -q "port=$PORT uri=nbd://127.0.0.1:$PORT/" || fail "--run over TCP: $out"
+out=$("$BLKD" -i 127.0.0.1 -p 0 --run 'echo "port=$port uri=$uri"' memory 1M 2>&1)
+echo "$out" | grep -Eq "port=([1-9][0-9]*) uri=nbd://127.0.0.1:\1/" || fail "--run over TCP: $out"
 echo "ok: --run"
 
 echo "# background mode with a pidfile"
-PORT=$(free_port)
-"$BLKD" -i 127.0.0.1 -p "$PORT" -P "$TMP/blkd.pid" memory 2M   # returns once bound
+"$BLKD" -i 127.0.0.1 -p 0 -P "$TMP/blkd.pid" memory 2M   # returns once bound
 [ -s "$TMP/blkd.pid" ] || fail "no pidfile"
 pid=$(cat "$TMP/blkd.pid")
 SERVER_PIDS+=("$pid")
 kill -0 "$pid" || fail "daemon not running"
+PORT=$(listen_ports "$pid" | head -n1)
+[ -n "$PORT" ] || fail "daemon returned before it listened"
 [ "$(nbdinfo --size "nbd://127.0.0.1:$PORT")" = 2097152 ] || fail "daemon does not serve"
 kill "$pid"
 for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done

@@ -33,6 +33,6 @@ fi
 
 echo "# nbd-client -l against a port with nothing listening fails"
 stop_server
-dead=$(free_port)
-expect_fail "nbd-client -l on a closed port" "$NBDC" -l 127.0.0.1 "$dead"
+dead_port
+expect_fail "nbd-client -l on a closed port" "$NBDC" -l 127.0.0.1 "$DEAD_PORT"
 echo "all nbd-client checks passed"

@@ -17,7 +17,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
-from blkdtest import (Server, check, check_eq, fail, free_port, metric_value,  # noqa: E402
+from blkdtest import (Server, check, check_eq, fail, metric_value,  # noqa: E402
                       nbd_connect, need_nbd, ok, skip, IS_NBDKIT)
 
 if IS_NBDKIT:
@@ -47,11 +47,11 @@ def settle(port, want):
 
 def run(mode, dispatch):
     what = "--delayacct=%s%s" % (mode, " --dispatch=" + dispatch if dispatch else "")
-    mport = free_port()
-    opts = ["--delayacct", mode, "--metrics", "127.0.0.1:%d" % mport]
+    opts = ["--delayacct", mode, "--metrics", "127.0.0.1:0"]
     if dispatch:
         opts += ["--dispatch", dispatch]
     srv = Server(["ram", "size=16M"], opts=opts)
+    mport = srv.metrics_port
     h = nbd_connect(srv)
     rng = random.Random(7)
     model = bytearray(16 << 20)
@@ -118,10 +118,10 @@ def slow_plugin(mode):
     """A plugin that sleeps 0.2 s per read: the plugin phase must show it,
     in the 0.25 s bucket or above, and the queued phase must not."""
     what = "--delayacct=%s, slow plugin" % mode
-    mport = free_port()
     srv = Server(["eval", "get_size=echo 1048576",
                   "pread=sleep 0.2; dd if=/dev/zero count=$3 iflag=count_bytes status=none"],
-                 opts=["--delayacct", mode, "--metrics", "127.0.0.1:%d" % mport])
+                 opts=["--delayacct", mode, "--metrics", "127.0.0.1:0"])
+    mport = srv.metrics_port
     h = nbd_connect(srv)
     for i in range(3):
         h.pread(4096, i * 4096)

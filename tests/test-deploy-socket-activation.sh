@@ -10,10 +10,25 @@ need nbdinfo
 [ -x "$BLKD" ] || fail "$BLKD is not built (make blkd)"
 
 # activate LISTEN_ARG ARGS...: blkd under systemd-socket-activate; sets PID.
+# LISTEN_ARG "tcp" binds 127.0.0.1 port 0 instead and sets PORT:
+# systemd-socket-activate cannot take port 0, so a few lines of Python do
+# the same hand-over (listen, LISTEN_PID/LISTEN_FDS, fd 3, exec) on a port
+# no other test can be holding.
 activate() {
   local listen=$1; shift
-  systemd-socket-activate -l "$listen" "$BLKD" -f "$@" >>"$TMP/server.log" 2>&1 &
-  PID=$!
+  if [ "$listen" = tcp ]; then
+    /usr/bin/python3 -c '
+import os, socket, sys
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
+os.dup2(s.fileno(), 3); os.set_inheritable(3, True)
+os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="1", LISTEN_FDNAMES="blkd")
+os.execv(sys.argv[1], sys.argv[1:])' "$BLKD" -f "$@" >>"$TMP/server.log" 2>&1 &
+    PID=$!
+    PORT=$(wait_listen "$PID")
+  else
+    systemd-socket-activate -l "$listen" "$BLKD" -f "$@" >>"$TMP/server.log" 2>&1 &
+    PID=$!
+  fi
   SERVER_PIDS+=("$PID")
 }
 
@@ -28,8 +43,7 @@ stop_ok() {
 }
 
 # --- TCP ---
-PORT=$(free_port)
-activate "127.0.0.1:$PORT" ram size=64M
+activate tcp ram size=64M
 wait_port "$PORT"
 size=$(nbdinfo --size "nbd://127.0.0.1:$PORT") || { cat "$TMP/server.log"; fail "nbdinfo over the activated socket"; }
 [ "$size" = 67108864 ] || fail "size $size, want 64 MiB"
@@ -58,18 +72,18 @@ echo "unix: activated socket served, exit 0 on SIGTERM"
 
 # --- the command line blkd.service builds from blkd.env ---
 eval "$(env -i bash -c 'set -a; . "$1"; declare -p BLKD_PLUGIN BLKD_PLUGIN_ARGS BLKD_OPTIONS' _ "$TOP/deploy/systemd/blkd.env")"
-MPORT=$(free_port)
-opts=${BLKD_OPTIONS//127.0.0.1:9100/127.0.0.1:$MPORT}
-PORT=$(free_port)
+opts=${BLKD_OPTIONS//127.0.0.1:9100/127.0.0.1:0}
+from=$(stat -c %s "$TMP/server.log")
 # Unquoted on purpose: systemd splits unbraced $VARS on whitespace too.
 # shellcheck disable=SC2086
-activate "127.0.0.1:$PORT" $opts "$BLKD_PLUGIN" $BLKD_PLUGIN_ARGS
+activate tcp $opts "$BLKD_PLUGIN" $BLKD_PLUGIN_ARGS
 wait_port "$PORT"
 size=$(nbdinfo --size "nbd://127.0.0.1:$PORT") || { cat "$TMP/server.log"; fail "nbdinfo with blkd.env's options"; }
 [ "$size" = 1073741824 ] || fail "blkd.env default export is $size bytes, want 1 GiB"
 case "$opts" in
   *--metrics*)
     need curl
+    MPORT=$(log_port "$TMP/server.log" "$from" 'metrics on http://[^ ]*:([0-9]+)/metrics')
     wait_port "$MPORT"
     curl -fsS "http://127.0.0.1:$MPORT/healthz" >/dev/null || fail "/healthz with blkd.env's --metrics"
     echo "blkd.env: /healthz answers on the metrics port" ;;

@@ -13,11 +13,11 @@ RAWIO=$TOP/plugins/rawio/nbdkit-rawio-plugin.so
 [ -f "$RAWIO" ] || skip "rawio plugin not built (make all)"
 : "${PYTHON:=/usr/bin/python3}"
 truncate -s 16M "$TMP/fd.img"
-PORT=$(free_port)
-( ulimit -n 64; exec "$BLKD" -f -i 127.0.0.1 -p "$PORT" "$RAWIO" file="$TMP/fd.img" ) \
+( ulimit -n 64; exec "$BLKD" -f -i 127.0.0.1 -p 0 "$RAWIO" file="$TMP/fd.img" ) \
   >>"$TMP/server.log" 2>&1 &
 SERVER_PID=$!
 SERVER_PIDS+=("$SERVER_PID")
+PORT=$(wait_listen "$SERVER_PID")
 wait_port "$PORT"
 export TOP PORT SERVER_PID
 "$PYTHON" - <<'PYEOF' || fail "fd-exhaustion checks failed"

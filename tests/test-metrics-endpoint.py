@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
-from blkdtest import (Server, check, check_eq, fail, free_port, metric_value,  # noqa: E402
+from blkdtest import (Server, check, check_eq, fail, metric_value,  # noqa: E402
                       need_nbd, nbd_connect, ok, skip, IS_NBDKIT)
 
 if IS_NBDKIT:
@@ -66,8 +66,8 @@ def wait_counts(port, want, what):
 
 # ---- counters against known traffic ------------------------------------------
 N, B, K, W = 37, 12288, 11, 4096
-mport = free_port()
-srv = Server(["ram", "size=64M"], opts=["--metrics", "127.0.0.1:%d" % mport])
+srv = Server(["ram", "size=64M"], opts=["--metrics", "127.0.0.1:0"])
+mport = srv.metrics_port
 h = nbd_connect(srv, strict=False)     # so a request past the end reaches the server
 for i in range(K):
     h.pwrite(bytes([i + 1]) * W, i * W)
@@ -133,10 +133,10 @@ srv.stop()
 check_eq(srv.proc.returncode, 0, "clean exit")
 
 # ---- cache counters --------------------------------------------------------
-mport = free_port()
-srv = Server(["ram", "size=16M"], opts=["--metrics", "127.0.0.1:%d" % mport, "--cache", "1M",
+srv = Server(["ram", "size=16M"], opts=["--metrics", "127.0.0.1:0", "--cache", "1M",
                                         "--cache-block", "64K", "--cache-mode", "writeback",
                                         "--sparse-reads", "no"])
+mport = srv.metrics_port
 h = nbd_connect(srv)
 h.pread(65536, 0)          # miss
 h.pread(65536, 0)          # hit
@@ -157,10 +157,10 @@ h.shutdown()
 srv.stop()
 
 # ---- 503 while draining --------------------------------------------------------
-mport = free_port()
 srv = Server(["eval", "get_size=echo 1048576",
               "pread=sleep 3; dd if=/dev/zero count=$3 iflag=count_bytes status=none"],
-             opts=["--metrics", "127.0.0.1:%d" % mport])
+             opts=["--metrics", "127.0.0.1:0"])
+mport = srv.metrics_port
 h = nbd_connect(srv)
 buf = nbd.Buffer(4096)
 cookie = h.aio_pread(buf, 0)

@@ -79,7 +79,7 @@ echo "# start-up errors: one clear line, exit status 1"
 # start_fails WHAT REGEX ARGS...: blkd must exit 1 at once, saying REGEX.
 start_fails() {
   local what=$1 re=$2 rc=0; shift 2
-  timeout 10 "$BLKD" -f -i 127.0.0.1 -p "$(free_port)" "$@" memory 1M >"$TMP/start.log" 2>&1 || rc=$?
+  timeout 10 "$BLKD" -f -i 127.0.0.1 -p 0 "$@" memory 1M >"$TMP/start.log" 2>&1 || rc=$?
   [ "$rc" = 1 ] || { cat "$TMP/start.log"; fail "$what: exit status $rc, expected 1"; }
   grep -qE "$re" "$TMP/start.log" || { cat "$TMP/start.log"; fail "$what: no message matching /$re/"; }
   ok "$what: $(grep -E "$re" "$TMP/start.log" | head -1)"

@@ -6,11 +6,16 @@ blkd_only(), which prints a note on nbdkit instead of checking.
 
 Exit status follows tests/run.sh: 0 pass, 77 skip (reason on the last line),
 anything else fails.  Every server started here is killed at exit.
+
+check() and check_eq() record a failure and go on, so one run reports every
+check that fails; the test exits 1 at the end if any did.  fail() stops at
+once, for when going on makes no sense (no server, a broken connection).
 """
 
 import atexit
 import errno
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,6 +35,7 @@ IS_NBDKIT = SERVER_NAME == "nbdkit"
 
 TMP = tempfile.mkdtemp(prefix="blkd-test.")
 _servers = []
+_failures = []
 
 # Output must interleave sensibly with the server log the runner captures.
 sys.stdout.reconfigure(line_buffering=True)
@@ -55,16 +61,30 @@ def note(what):
     print("note: %s" % what)
 
 
+def check_failed(msg):
+    """Record a failed check and carry on; the test exits 1 at its end.
+    The servers' logs are shown once, at the first failure."""
+    if not _failures:
+        for s in _servers:
+            s.dump_log()
+    _failures.append(msg)
+    print("FAIL: %s" % msg, file=sys.stderr, flush=True)
+
+
 def check(cond, what, detail=""):
     if not cond:
-        fail(what + (": " + detail if detail else ""))
+        check_failed(what + (": " + detail if detail else ""))
+        return False
     ok(what)
+    return True
 
 
 def check_eq(actual, expected, what):
     if actual != expected:
-        fail("%s: expected %r, got %r" % (what, expected, actual))
+        check_failed("%s: expected %r, got %r" % (what, expected, actual))
+        return False
     ok("%s = %r" % (what, expected) if len(repr(expected)) < 80 else what)
+    return True
 
 
 def blkd_only(what, why):
@@ -102,18 +122,54 @@ def need_nbd():
     return nbd
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+def listen_ports(pid):
+    """The TCP ports process pid listens on, its first listener first (by
+    file descriptor).  From /proc, so it works for any server; tests never
+    pick a port themselves (a port picked, released and bound later is a
+    race with every other test running at the same time)."""
+    fd_of = {}
+    try:
+        for fd in os.listdir("/proc/%d/fd" % pid):
+            try:
+                link = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            m = re.match(r"socket:\[(\d+)\]$", link)
+            if m:
+                fd_of[m.group(1)] = int(fd)
+    except OSError:
+        return []
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    w = line.split()
+                    # local ADDR:PORT (hex), state 0A = LISTEN, inode
+                    if w[3] == "0A" and w[9] in fd_of:
+                        found.append((fd_of[w[9]], int(w[1].rsplit(":", 1)[1], 16)))
+        except OSError:
+            pass
+    return [port for _, port in sorted(set(found))]
+
+
+def _opt_value(opts, name):
+    """The value of option name in opts (as "--name V" or "--name=V")."""
+    opts = list(opts)
+    for i, o in enumerate(opts):
+        if o == name and i + 1 < len(opts):
+            return opts[i + 1]
+        if o.startswith(name + "="):
+            return o[len(name) + 1:]
+    return None
 
 
 class Server:
-    """The server under test, in the foreground (-f), on a fresh TCP port or
-    on a Unix socket.  args are the plugin and its parameters, with any
-    server options before them."""
+    """The server under test, in the foreground (-f), on a TCP port the
+    kernel picks (-p 0) or on a Unix socket.  args are the plugin and its
+    parameters, opts server options.  With --metrics ADDR:0 in opts,
+    metrics_port is the port the endpoint got."""
 
     def __init__(self, args, unix=False, opts=()):
         need_server()
@@ -121,14 +177,16 @@ class Server:
         self.unix = unix
         n = len(_servers)
         self.log_path = os.path.join(TMP, "server%d.log" % n)
+        self.metrics_port = None
+        self._want_metrics = _opt_value(opts, "--metrics") is not None
         if unix:
             self.sock = os.path.join(TMP, "nbd%d.sock" % n)
             self.port = None
             cmd = [BLKD, "-f", "-U", self.sock] + list(opts) + self.args
         else:
             self.sock = None
-            self.port = free_port()
-            cmd = [BLKD, "-f", "-i", "127.0.0.1", "-p", str(self.port)] + list(opts) + self.args
+            self.port = None
+            cmd = [BLKD, "-f", "-i", "127.0.0.1", "-p", "0"] + list(opts) + self.args
         self.cmd = cmd
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
@@ -137,12 +195,41 @@ class Server:
         self._wait_ready()
         print("started: %s (pid %d)" % (" ".join(cmd), self.proc.pid))
 
+    def _find_ports(self):
+        """True once the ports are known.  blkd prints them in the
+        foreground ("serving ... on nbd://HOST:PORT/", "metrics on
+        http://HOST:PORT/metrics") -- with --metrics it listens twice, so
+        its own words say which is which; nbdkit prints nothing, so /proc."""
+        if IS_NBDKIT:
+            ports = listen_ports(self.proc.pid)
+            if ports:
+                self.port = ports[0]
+            return self.port is not None
+        try:
+            with open(self.log_path, "rb") as f:
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return False
+        m = re.search(r"serving .* on nbd://\S*:(\d+)/", text)
+        if m:
+            self.port = int(m.group(1))
+        if self._want_metrics:
+            m = re.search(r"metrics on http://\S*:(\d+)/metrics", text)
+            if m:
+                self.metrics_port = int(m.group(1))
+            elif self.port is not None:
+                return False
+        return self.port is not None
+
     def _wait_ready(self, secs=20):
         deadline = time.time() + secs
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 fail("server exited with status %d at start-up: %s"
                      % (self.proc.returncode, " ".join(self.cmd)))
+            if not self.unix and not self._find_ports():
+                time.sleep(0.05)
+                continue
             try:
                 if self.unix:
                     if os.path.exists(self.sock):
@@ -217,6 +304,14 @@ def _cleanup():
         except Exception:
             pass
     shutil.rmtree(TMP, ignore_errors=True)
+    if _failures:
+        # Whatever status the script was leaving with, failed checks fail it.
+        print("FAIL: %d check(s) failed:" % len(_failures), file=sys.stderr)
+        for msg in _failures:
+            print("    %s" % msg, file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 atexit.register(_cleanup)
@@ -259,12 +354,14 @@ def expect_nbd_error(fn, want, what):
     except nbd.Error as e:
         got = nbd_errno(e)
         if got not in wants:
-            fail("%s: expected %s, got %s (%s)" % (
+            check_failed("%s: expected %s, got %s (%s)" % (
                 what, "/".join(errno.errorcode.get(w, str(w)) for w in sorted(wants)),
                 errno.errorcode.get(got, str(got)), e.string))
+            return got
         ok("%s fails with %s" % (what, errno.errorcode.get(got, str(got))))
         return got
-    fail("%s: succeeded but must fail" % what)
+    check_failed("%s: succeeded but must fail" % what)
+    return None
 
 
 # ---------------------------------------------------------------------------
