@@ -4,6 +4,12 @@ set -euo pipefail
 : "${TOP:=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 : "${BLKD:=$TOP/blkd}"
 : "${BLKPERF:=$TOP/blkperf}"
+# nbdkit's plugin directory (multiarch: it differs per architecture); run.sh
+# exports it, a test run by hand asks pkg-config or nbdkit itself.
+if [ -z "${NBDKIT_PLUGINDIR:-}" ]; then
+  NBDKIT_PLUGINDIR=$(pkg-config --variable=plugindir nbdkit 2>/dev/null ||
+                     nbdkit --dump-config 2>/dev/null | sed -n 's/^plugindir=//p' || true)
+fi
 TMP=$(mktemp -d /tmp/blkd-test.XXXXXX)
 SERVER_PIDS=()
 

@@ -8,8 +8,7 @@
 need_server
 need_nbd_py
 
-plugindir=$(nbdkit --dump-config 2>/dev/null | sed -n 's/^plugindir=//p')
-: "${plugindir:=/usr/lib/x86_64-linux-gnu/nbdkit/plugins}"
+plugindir=$NBDKIT_PLUGINDIR
 have_plugin() { [ -e "$plugindir/nbdkit-$1-plugin.so" ]; }
 
 # pycheck URI CODE: run CODE with h connected to URI (export name from the

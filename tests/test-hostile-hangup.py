@@ -231,7 +231,7 @@ def _():
 def slow_plugin_case():
     """A request still running in the plugin (on a worker) when the client
     hangs up: the reply has nowhere to go and must just be freed."""
-    sh = "/usr/lib/x86_64-linux-gnu/nbdkit/plugins/nbdkit-eval-plugin.so"
+    sh = os.path.join(NBDKIT_PLUGINDIR, "nbdkit-eval-plugin.so")
     if not os.path.exists(sh):
         note("nbdkit eval plugin not installed: slow-plugin hang-up case skipped")
         return

@@ -62,7 +62,7 @@ def idle_after_long_request():
     (send_pending() after a successful send), so idleness counts from the
     last activity either way -- the same change fixes
     hoarders-outlive-idle-timeout (diff in docs/RELIABILITY.md)."""
-    ev = "/usr/lib/x86_64-linux-gnu/nbdkit/plugins/nbdkit-eval-plugin.so"
+    ev = os.path.join(NBDKIT_PLUGINDIR, "nbdkit-eval-plugin.so")
     if not os.path.exists(ev):
         note("nbdkit eval plugin not installed: check not made")
         return

@@ -180,7 +180,7 @@ wait "$FIO_PID" 2>/dev/null || true
 grep -q "did not drain" "$TMP/server.log" && fail "the drain timed out: $(grep 'did not drain' "$TMP/server.log")"
 
 echo "# 3. SIGTERM while a plugin call outlives the 10 s drain timeout: no spin, exit 0"
-EVAL=/usr/lib/x86_64-linux-gnu/nbdkit/plugins/nbdkit-eval-plugin.so
+EVAL=$NBDKIT_PLUGINDIR/nbdkit-eval-plugin.so
 if [ -f "$EVAL" ]; then
   start_server --shards 1 "$EVAL" get_size='echo 1048576' open='echo h' \
     pread='sleep 12; head -c $3 /dev/zero' thread_model='echo parallel'

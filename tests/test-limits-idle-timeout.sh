@@ -17,7 +17,7 @@ from blkdtest import *
 T = 2
 srv = Server(["ram", "size=16M"], opts=["--idle-timeout", str(T), "--handshake-timeout", "0"])
 dflt = Server(["ram", "size=16M"])
-EVAL = "/usr/lib/x86_64-linux-gnu/nbdkit/plugins/nbdkit-eval-plugin.so"
+EVAL = os.path.join(NBDKIT_PLUGINDIR, "nbdkit-eval-plugin.so")
 slow = None
 if os.path.exists(EVAL):
     slow = Server(["eval", "get_size=echo 1048576", "open=echo h",

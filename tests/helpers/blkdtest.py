@@ -33,6 +33,30 @@ if os.sep not in BLKD:
 SERVER_NAME = os.path.basename(BLKD)
 IS_NBDKIT = SERVER_NAME == "nbdkit"
 
+
+
+def _nbdkit_plugindir():
+    """nbdkit's plugin directory on this machine (the multiarch path
+    differs per architecture): tests/run.sh's $NBDKIT_PLUGINDIR, else
+    pkg-config, else nbdkit --dump-config; "" if none answers."""
+    d = os.environ.get("NBDKIT_PLUGINDIR")
+    for cmd, key in ((["pkg-config", "--variable=plugindir", "nbdkit"], None),
+                     (["nbdkit", "--dump-config"], "plugindir=")):
+        if d:
+            break
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True).stdout
+        except OSError:
+            continue
+        for line in out.splitlines():
+            if key is None or line.startswith(key):
+                d = line[len(key or ""):].strip()
+                break
+    return d or ""
+
+
+NBDKIT_PLUGINDIR = _nbdkit_plugindir()
+
 TMP = tempfile.mkdtemp(prefix="blkd-test.")
 _servers = []
 _failures = []
