@@ -67,8 +67,17 @@ echo "image: user $user, stop signal $stopsig, healthcheck $hc"
   dpkg -l | awk "/^ii/ && /-dev / {print; bad=1} END {exit bad}"
 ' || fail "runtime image check"
 
+# Containers publish on host ports podman picks (-p 127.0.0.1::PORT), never
+# on one the test guessed free: other tests run alongside.
+# ctr_port NAME PORT: the host port podman gave NAME's container PORT.
+ctr_port() {
+  local p
+  p=$("$PODMAN" port "$1" "$2/tcp" | sed -n 's/.*:\([0-9][0-9]*\)$/\1/p' | head -n1)
+  [ -n "$p" ] || fail "podman port $1 $2: no host port published"
+  echo "$p"
+}
+
 # --- the default command: ram 1 GiB on :10809, metrics on :9100 ------------
-NBD_PORT=$(free_port); MET_PORT=$(free_port)
 NAME=blkd-test-$$-a
 CONTAINERS+=("$NAME")
 # podman logs "unable to get systemd connection ... healthchecks" here: it
@@ -76,8 +85,10 @@ CONTAINERS+=("$NAME")
 # build machines. Harmless: `podman healthcheck run` below runs the image's
 # HEALTHCHECK by hand.
 "$PODMAN" run -d --name "$NAME" \
-  -p "127.0.0.1:$NBD_PORT:10809" -p "127.0.0.1:$MET_PORT:9100" "$IMAGE" >/dev/null ||
+  -p 127.0.0.1::10809 -p 127.0.0.1::9100 "$IMAGE" >/dev/null ||
   fail "podman run failed"
+NBD_PORT=$(ctr_port "$NAME" 10809)
+MET_PORT=$(ctr_port "$NAME" 9100)
 wait_port "$NBD_PORT" 30
 URI="nbd://127.0.0.1:$NBD_PORT"
 "$PODMAN" logs "$NAME" 2>&1 | sed 's/^/container: /'
@@ -140,12 +151,12 @@ echo "podman stop: exit code $rc after ${took}s (timeout ${STOP_TIMEOUT}s)"
   fail "stop took ${took}s: not well inside the ${STOP_TIMEOUT}s timeout"
 
 # --- argument form, metrics off: health falls back to a TCP check ----------
-NBD_PORT=$(free_port)
 NAME=blkd-test-$$-b
 CONTAINERS+=("$NAME")
 "$PODMAN" run -d --name "$NAME" -e BLKD_METRICS=off \
-  -p "127.0.0.1:$NBD_PORT:10809" "$IMAGE" ram size=64M >/dev/null ||
+  -p 127.0.0.1::10809 "$IMAGE" ram size=64M >/dev/null ||
   fail "podman run (argument form)"
+NBD_PORT=$(ctr_port "$NAME" 10809)
 wait_port "$NBD_PORT" 30
 size=$(nbdinfo --size "nbd://127.0.0.1:$NBD_PORT") || fail "nbdinfo (argument form)"
 [ "$size" = 67108864 ] || fail "argument form export is $size bytes, want 64 MiB"
@@ -168,12 +179,12 @@ openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca-cert.pem" -CAkey "$tls/ca-k
   -CAcreateserial -out "$tls/server-cert.pem" -days 2 -extfile "$tls/ext.cnf" 2>/dev/null ||
   fail "openssl could not make a test certificate"
 chmod 0755 "$tls"; chmod 0644 "$tls"/*.pem     # readable by uid 10809 (test keys only)
-NBD_PORT=$(free_port)
 NAME=blkd-test-$$-c
 CONTAINERS+=("$NAME")
 "$PODMAN" run -d --name "$NAME" -e BLKD_METRICS=off -e BLKD_TLS_DIR=/etc/blkd/tls \
-  -v "$tls:/etc/blkd/tls:ro" -p "127.0.0.1:$NBD_PORT:10809" "$IMAGE" ram size=16M >/dev/null ||
+  -v "$tls:/etc/blkd/tls:ro" -p 127.0.0.1::10809 "$IMAGE" ram size=16M >/dev/null ||
   fail "podman run (TLS)"
+NBD_PORT=$(ctr_port "$NAME" 10809)
 wait_port "$NBD_PORT" 30
 size=$(nbdinfo --size "nbds://localhost:$NBD_PORT/?tls-certificates=$tls") ||
   fail "nbdinfo over TLS"
@@ -208,12 +219,13 @@ k8s_run=(--read-only --tmpfs /tmp --cap-drop=ALL --security-opt=no-new-privilege
 "$PODMAN" run --rm --no-healthcheck "${k8s_run[@]}" --entrypoint /bin/bash "$IMAGE" \
   -c "$(cat "$TMP/init.cmd")" || fail "the StatefulSet's init container command failed"
 disk_size=$(sed -n 's/^BLKD_DISK_SIZE=//p' "$TMP/k8s.env")
-NBD_PORT=$(free_port); MET_PORT=$(free_port)
 NAME=blkd-test-$$-d
 CONTAINERS+=("$NAME")
 "$PODMAN" run -d --name "$NAME" "${k8s_run[@]}" \
-  -p "127.0.0.1:$NBD_PORT:10809" -p "127.0.0.1:$MET_PORT:9100" "$IMAGE" >/dev/null ||
+  -p 127.0.0.1::10809 -p 127.0.0.1::9100 "$IMAGE" >/dev/null ||
   fail "podman run (k8s pod settings)"
+NBD_PORT=$(ctr_port "$NAME" 10809)
+MET_PORT=$(ctr_port "$NAME" 9100)
 wait_port "$NBD_PORT" 30
 "$PODMAN" logs "$NAME" 2>&1 | grep -v 'systemd connection' | sed 's/^/container: /'
 size=$(nbdinfo --size "nbd://127.0.0.1:$NBD_PORT") || fail "nbdinfo (k8s pod settings)"
@@ -257,11 +269,11 @@ CFEOF
 SD_IMAGE=localhost/blkd-systemd-test:latest
 "$PODMAN" build -q --format docker --pull=never --network=host -t "$SD_IMAGE" "$ctx" >/dev/null ||
   fail "building the systemd test image"
-NBD_PORT=$(free_port)
 NAME=blkd-test-$$-e
 CONTAINERS+=("$NAME")
-"$PODMAN" run -d --name "$NAME" --systemd=always --health-cmd=none -p "127.0.0.1:$NBD_PORT:10809" "$SD_IMAGE" >/dev/null ||
+"$PODMAN" run -d --name "$NAME" --systemd=always --health-cmd=none -p 127.0.0.1::10809 "$SD_IMAGE" >/dev/null ||
   fail "podman run (systemd)"
+NBD_PORT=$(ctr_port "$NAME" 10809)
 sd() { "$PODMAN" exec "$NAME" "$@"; }
 for ((i = 0; i < 100; i++)); do
   [ "$(sd systemctl is-active blkd.socket 2>/dev/null)" = active ] && break; sleep 0.2
