@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "monotime.h"
+
 /* ---- tests ------------------------------------------------------------ */
 
 enum bp_test {
@@ -237,7 +239,6 @@ struct bp_result {
 
 extern volatile sig_atomic_t bp_interrupted;
 
-uint64_t bp_now_ns (void);
 
 /* Connects once to learn size and flags, checks the test can run there,
  * and settles span/offset.  Returns -1 (message printed) on failure. */

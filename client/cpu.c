@@ -51,7 +51,7 @@ void
 bp_cpu_sample (struct bp_cpu_sample *s)
 {
   memset (s, 0, sizeof *s);
-  s->mono_ns = bp_now_ns ();
+  s->mono_ns = now_ns ();
   s->have_stat = bp_cpu_read_stat (s);
   struct rusage ru;
   if (getrusage (RUSAGE_SELF, &ru) == 0) {

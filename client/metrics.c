@@ -374,7 +374,7 @@ bp_metrics_fetch (const char *url, struct bp_metrics *m, char *err, size_t errle
   memset (m, 0, sizeof *m);
   size_t len = 0;
   char *body = bp_http_get (url, &len, err, errlen);
-  m->mono_ns = bp_now_ns ();
+  m->mono_ns = now_ns ();
   if (!body) {
     bp_metrics_parse ("", 0, m);
     return;

@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include "blkperf.h"
+#include "size.h"
 
 #ifndef BLKD_VERSION
 #define BLKD_VERSION "dev"
@@ -88,32 +89,15 @@ bp_warn (const char *fmt, ...)
 }
 
 /* "4096", "4k", "256K", "1M", "1MiB", "2g": binary multiples throughout,
- * as block sizes are never meant in powers of ten. */
+ * as block sizes are never meant in powers of ten (common/size.c, the
+ * server's parser, plus the KiB/kB spellings). */
 int
 bp_parse_size (const char *s, uint64_t *out)
 {
-  errno = 0;
-  char *end;
-  if (*s == '-' || *s == '\0')
+  int64_t v;
+  if (size_parse (s, SIZE_IEC_SPELLINGS, &v, NULL) != SIZE_OK)
     return -1;
-  unsigned long long v = strtoull (s, &end, 10);
-  if (errno || end == s)
-    return -1;
-  unsigned shift = 0;
-  switch (*end) {
-  case 'k': case 'K': shift = 10; end++; break;
-  case 'm': case 'M': shift = 20; end++; break;
-  case 'g': case 'G': shift = 30; end++; break;
-  case 't': case 'T': shift = 40; end++; break;
-  default: break;
-  }
-  if (shift && *end == 'i') end++;
-  if (*end == 'B' || (shift && *end == 'b')) end++;
-  if (*end != '\0')
-    return -1;
-  if (shift && v > (UINT64_MAX >> shift))
-    return -1;
-  *out = (uint64_t) v << shift;
+  *out = (uint64_t) v;
   return 0;
 }
 

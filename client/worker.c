@@ -16,14 +16,6 @@
 
 volatile sig_atomic_t bp_interrupted;
 
-uint64_t
-bp_now_ns (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
-}
-
 /* Counters the progress line reads from another thread: stored with
  * relaxed atomics (plain moves on x86) so the read is not a data race. */
 static inline void
@@ -248,7 +240,7 @@ bp_on_done (void *user_data, int *error)
 {
   struct bp_slot *s = user_data;
   struct bp_conn *c = s->c;
-  uint64_t now = bp_now_ns ();
+  uint64_t now = now_ns ();
 
   c->inflight--;
   c->free[c->nfree++] = s->idx;
@@ -330,7 +322,7 @@ bp_issue (struct bp_conn *c, uint64_t off, int op, bool counted)
   /* Counted in flight before the call: libnbd may read replies (and so
    * run bp_on_done for earlier requests) while it sends this one. */
   c->inflight++;
-  s->t_issue = bp_now_ns ();
+  s->t_issue = now_ns ();
   switch (op) {
   case BP_OP_READ:
     r = nbd_aio_pread (c->h, s->rbuf, c->bs, off, cb, 0);
@@ -362,9 +354,9 @@ bp_conn_loop (struct bp_conn *c)
   /* A server that answers nothing for this long is stuck, not slow; NBD
    * has no timeout of its own and a benchmark must end. */
   const uint64_t give_up_ns = 30ull * 1000000000u;
-  c->last_any_ns = bp_now_ns ();
+  c->last_any_ns = now_ns ();
   for (;;) {
-    uint64_t now = bp_now_ns ();
+    uint64_t now = now_ns ();
     bool stop = bp_interrupted || c->failed
                 || (!c->count_mode && now >= c->we)
                 || (c->count_mode && c->quota == 0);
@@ -393,7 +385,7 @@ bp_conn_loop (struct bp_conn *c)
       c->failed = true;
       break;
     }
-    if (c->inflight > 0 && bp_now_ns () - c->last_any_ns > give_up_ns) {
+    if (c->inflight > 0 && now_ns () - c->last_any_ns > give_up_ns) {
       snprintf (c->err, sizeof c->err,
                 "no reply for 30 s with %u requests in flight; giving up", c->inflight);
       c->failed = true;
@@ -592,10 +584,10 @@ static void
 bp_wait (const struct bp_opts *o, const char *label, unsigned iter_no,
          uint64_t ws, uint64_t until, bool progress)
 {
-  uint64_t start = bp_now_ns (), ln = start, lb, lr;
+  uint64_t start = now_ns (), ln = start, lb, lr;
   bp_totals (&lb, &lr);
   for (;;) {
-    uint64_t now = bp_now_ns ();
+    uint64_t now = now_ns ();
     if (until && now >= until)
       return;
     uint64_t step = now + 200000000u;   /* 0.2 s: notice ^C promptly */
@@ -611,7 +603,7 @@ bp_wait (const struct bp_opts *o, const char *label, unsigned iter_no,
     pthread_mutex_unlock (&bp_sync.lock);
     if (done || bp_interrupted)
       return;
-    now = bp_now_ns ();
+    now = now_ns ();
     if (now - ln < 1000000000u)
       continue;
     uint64_t b, q;
@@ -658,7 +650,7 @@ bp_iteration (const struct bp_opts *o, const struct bp_target *t, enum bp_test t
   for (unsigned i = 0; i < bp_nconns; i++)
     if (bp_conns[i].failed)
       bp_sync.abort = true;
-  uint64_t t0 = bp_now_ns ();
+  uint64_t t0 = now_ns ();
   bool count_mode = bp_conns[0].count_mode;
   uint64_t ws = t0 + (uint64_t) (o->warmup_s * 1e9);
   uint64_t we = count_mode ? UINT64_MAX : ws + (uint64_t) (o->duration_s * 1e9);

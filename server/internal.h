@@ -12,6 +12,8 @@
 #include <time.h>
 
 #include "log.h"
+#include "minmax.h"
+#include "monotime.h"
 #include "nbd-proto.h"
 #include "public.h"
 
@@ -337,15 +339,5 @@ void listen_cleanup (void);                       /* unlink Unix socket */
 const char *listen_uri (void);
 const char *listen_port (void);
 const char *listen_unix_path (void);
-
-/* ---- misc ----------------------------------------------------------- */
-
-static inline uint64_t
-now_ns (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000000000u + ts.tv_nsec;
-}
 
 #endif

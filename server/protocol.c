@@ -134,8 +134,7 @@ protocol_validate (struct conn *c, const struct request *r)
   if (r->count == 0)
     return EINVAL;
   /* The maximum we advertised: ours, or the plugin's if it is smaller. */
-  uint32_t max = k->block_max && k->block_max < cfg.max_request ? k->block_max
-                                                                 : cfg.max_request;
+  uint32_t max = k->block_max ? MIN (k->block_max, cfg.max_request) : cfg.max_request;
   if ((r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE) && r->count > max)
     return EINVAL;
   if (r->offset > size || r->count > size - r->offset) {

@@ -47,7 +47,10 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "monotime.h"
 #include "public.h"
+#include "size.h"
+#include "vector.h"
 
 #define API __attribute__((visibility ("default")))
 
@@ -288,58 +291,34 @@ DEFINE_PARSE_UNSIGNED (nbdkit_parse_uint64_t, uint64_t, UINT64_MAX)
 API int64_t
 nbdkit_parse_size (const char *str)
 {
-  char *end;
-  intmax_t size;
-  int64_t scale = 1;
+  int64_t size;
+  const char *suffix;
 
-  errno = 0;
-  size = strtoimax (str, &end, 10);
-  if (end == str) {
+  switch (size_parse (str, 0, &size, &suffix)) {
+  case SIZE_OK:
+    return size;
+  case SIZE_NO_NUMBER:
     nbdkit_error ("could not parse size string (%s)", str);
     errno = EINVAL;
     return -1;
-  }
-  if (size < 0) {
+  case SIZE_NEGATIVE:
     nbdkit_error ("size cannot be negative (%s)", str);
     errno = ERANGE;
     return -1;
-  }
-  if (errno != 0) {
+  case SIZE_TOO_BIG:
     nbdkit_error ("size (%s) exceeds maximum value", str);
     errno = ERANGE;
     return -1;
-  }
-
-  if (*end != '\0') {
-    static const char units[] = "bkmgtpe";
-    const char *u;
-    char c = *end;
-
-    if (c >= 'A' && c <= 'Z')
-      c += 'a' - 'A';
-    if (c == 's')
-      scale = 512;              /* "sectors", whatever the real sector size */
-    else if ((u = strchr (units, c)) != NULL) {
-      for (const char *p = units; p < u; p++)
-        scale *= 1024;
-    }
-    else
-      goto bad_suffix;
-    if (end[1] != '\0')
-      goto bad_suffix;
-  }
-
-  if (INT64_MAX / scale < size) {
+  case SIZE_OVERFLOW:
     nbdkit_error ("overflow computing size (%s)", str);
     errno = ERANGE;
     return -1;
+  case SIZE_BAD_SUFFIX:
+  default:
+    nbdkit_error ("could not parse size: unknown suffix '%s'", suffix);
+    errno = EINVAL;
+    return -1;
   }
-  return (int64_t) size * scale;
-
- bad_suffix:
-  nbdkit_error ("could not parse size: unknown suffix '%s'", end);
-  errno = EINVAL;
-  return -1;
 }
 
 /* ASCII-only case folding on purpose: strcasecmp follows the locale, and
@@ -561,14 +540,6 @@ nbdkit_shutdown (void)
     hook ();
 }
 
-static int64_t
-monotonic_ns (void)
-{
-  struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Like nbdkit: the sleep ends early with ESHUTDOWN when the server shuts
  * down or the client hangs up (POLLRDHUP on the connection's socket), so
  * a plugin sleeping for rate limiting cannot hold up either.  Signals are
@@ -586,7 +557,7 @@ nbdkit_nanosleep (unsigned sec, unsigned nsec)
     errno = EINVAL;
     return -1;
   }
-  deadline = monotonic_ns () + (int64_t) sec * 1000000000 + nsec;
+  deadline = (int64_t) now_ns () + (int64_t) sec * 1000000000 + nsec;
 
   pthread_once (&wake_once, wake_fd_init);
   fds[0].fd = atomic_load (&wake_fd);
@@ -601,7 +572,7 @@ nbdkit_nanosleep (unsigned sec, unsigned nsec)
 
     if (atomic_load (&shutdown_flag))
       goto shut_down;
-    left = deadline - monotonic_ns ();
+    left = deadline - (int64_t) now_ns ();
     if (left <= 0)
       return 0;
     /* Without an eventfd (out of fds), wake every 100ms to check the flag. */
@@ -994,17 +965,12 @@ nbdkit_add_extent (struct nbdkit_extents *e,
     e->v[e->len - 1].length += length;
     return 0;
   }
-  if (e->len == e->cap) {
-    size_t ncap = e->cap ? e->cap * 2 : 16;
-    struct public_extent *nv = realloc (e->v, ncap * sizeof *nv);
-
-    if (nv == NULL) {
-      nbdkit_error ("nbdkit_add_extent: realloc: %m");
-      return -1;
-    }
-    e->v = nv;
-    e->cap = ncap;
+  struct public_extent *nv = vec_grow (e->v, &e->cap, e->len + 1, sizeof *nv, 16);
+  if (nv == NULL) {
+    nbdkit_error ("nbdkit_add_extent: realloc: %m");
+    return -1;
   }
+  e->v = nv;
   e->v[e->len].offset = offset;
   e->v[e->len].length = length;
   e->v[e->len].type = type;
@@ -1066,15 +1032,10 @@ nbdkit_add_export (struct nbdkit_exports *x,
     errno = EINVAL;
     return -1;
   }
-  if (x->len == x->cap) {
-    size_t ncap = x->cap ? x->cap * 2 : 8;
-    struct public_export *nv = realloc (x->v, ncap * sizeof *nv);
-
-    if (nv == NULL)
-      goto nomem;
-    x->v = nv;
-    x->cap = ncap;
-  }
+  struct public_export *nv = vec_grow (x->v, &x->cap, x->len + 1, sizeof *nv, 8);
+  if (nv == NULL)
+    goto nomem;
+  x->v = nv;
   n = strdup (name);
   if (n == NULL)
     goto nomem;
