@@ -26,12 +26,13 @@ FUZZ_JOBS     ?= 1            # >1: libFuzzer -fork=N (parallel, keeps going)
 FUZZ_TARGETS   = handshake request
 FUZZ_SAN       = -fsanitize=address,undefined -fno-sanitize-recover=undefined \
                  -fno-omit-frame-pointer
-FUZZ_CFLAGS    = -g -O1 -std=gnu11 -D_GNU_SOURCE -Iinclude -Iserver -pthread $(FUZZ_SAN) \
+FUZZ_CFLAGS    = -g -O1 -std=gnu11 -D_GNU_SOURCE -Iinclude -Icommon -Iserver -pthread $(FUZZ_SAN) \
                  -DBLKD_VERSION='"$(or $(VERSION),fuzz)"' \
-                 -DBLKD_PLUGINDIR='"$(or $(PLUGINDIR),/usr/local/lib/blkd/plugins)"'
-FUZZ_LIBS      = $(or $(SERVER_LIBS),-levent_core -levent_extra -levent_pthreads \
-                   -lssl -lcrypto -ldl -lm)
-FUZZ_SRCS      = $(filter-out server/main.c,$(wildcard server/*.c))
+                 -DBLKD_PLUGINDIR='"$(or $(PLUGINDIR),/usr/local/lib/blkd/plugins)"' \
+                 -DNBDKIT_PLUGINDIR='"$(or $(NBDKIT_PLUGINDIR),$(shell pkg-config --variable=plugindir nbdkit))"'
+FUZZ_LIBS      = $(or $(SERVER_LIBS),$(shell pkg-config --libs libevent_core libevent_extra openssl) \
+                   -ldl -lm)
+FUZZ_SRCS      = $(filter-out server/main.c,$(wildcard server/*.c)) $(wildcard common/*.c)
 FUZZ_OBJS      = $(FUZZ_SRCS:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_BINS      = $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz-%)
 FUZZ_PLUGIN    = $(FUZZ_BUILD)/nbdkit-ram-plugin.so
@@ -47,9 +48,11 @@ FUZZ_ENV       = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=1 \
 
 fuzz-build: $(FUZZ_BINS) $(FUZZ_PLUGIN)
 
-$(FUZZ_BUILD)/server/%.o: server/%.c $(wildcard include/*.h server/*.h)
+# -MMD -MP: each object depends on the headers it includes.
+$(FUZZ_BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -fsanitize=fuzzer-no-link -c -o $@ $<
+-include $(FUZZ_OBJS:.o=.d)
 
 $(FUZZ_BUILD)/fuzz-handshake: FUZZ_DEF = -DFUZZ_TARGET_HANDSHAKE
 $(FUZZ_BUILD)/fuzz-request:   FUZZ_DEF = -DFUZZ_TARGET_REQUEST
