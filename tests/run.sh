@@ -17,7 +17,7 @@ export PYTHON=/usr/bin/python3
 # path (the multiarch directory differs per architecture).
 : "${NBDKIT_PLUGINDIR:=$(pkg-config --variable=plugindir nbdkit 2>/dev/null)}"
 export NBDKIT_PLUGINDIR
-logdir="$top/build/test-logs"; mkdir -p "$logdir"
+logdir=${TEST_LOGDIR:-$top/build/test-logs}; mkdir -p "$logdir"
 per_test_timeout=${TEST_TIMEOUT:-600}
 
 jobs_from_makeflags() {
