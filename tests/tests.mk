@@ -28,9 +28,10 @@ tests/helpers/%: $(BUILD)/tests/helpers/%.o $(BUILD)/.flavour
 .PHONY: check-build
 check-build: all $(TEST_BINS) $(TEST_PLUGINS) $(TEST_HELPERS)
 
-# The runner gets make's job count: -j2 here means two tests at a time.
+# The runner reads make's job count from MAKEFLAGS, which make exports to
+# recipes: -j2 here means two tests at a time.
 check: $(DEPS_STEP) check-build
-	@MAKEFLAGS='$(MAKEFLAGS)' tests/run.sh $(TESTS)
+	@tests/run.sh $(TESTS)
 
 # Pattern-made objects are intermediates; keep them so a second make
 # rebuilds nothing.
