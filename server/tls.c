@@ -967,6 +967,7 @@ tls_setup (void)
   if (cfg.tls_seal == TLS_SEAL_BLKD) {
     SSL_CTX_set_keylog_callback (ctx, keylog_cb);
     SSL_CTX_set_msg_callback (ctx, msg_cb);
+    seal_selftest ();
 #ifdef BLKD_TEST_HOOKS
     /* A ticket is a message OpenSSL writes under the application key
      * before blkd could take over: the hand-over must see it and leave
@@ -974,7 +975,6 @@ tls_setup (void)
     if (getenv ("BLKD_TLS_TEST_TICKETS"))
       SSL_CTX_set_num_tickets (ctx, 1);
 #endif
-    seal_selftest ();
   }
 
   fprintf (stderr, "blkd: TLS %s: TLS 1.2-1.3 with %s%s%s%s; %s; %s\n",
