@@ -546,7 +546,7 @@ seal_takeover (struct tls_conn *t)
   const char *why = NULL;
 
   if (cfg.tls_seal != TLS_SEAL_BLKD)
-    why = "OpenSSL (--tls-seal=openssl)";
+    why = "OpenSSL";
   else if (BIO_get_ktls_send (wbio))
     why = "kernel";
   else if (SSL_version (t->ssl) != TLS1_3_VERSION)
