@@ -392,14 +392,16 @@ probe_ktls (void)
 #endif
 }
 
-/* OpenSSL 3.0 cannot move a kernel TLS 1.3 session to a new key (a
- * client's KeyUpdate, or our own after rekey_records, ends the session),
- * so kTLS is kept to TLS 1.2, which has no KeyUpdate.  The server picks
- * TLS 1.3 whenever the client offers it in supported_versions, so that
- * decides it here, before any key exists.  A TLS 1.2 session on kTLS also
- * reads record by record: OpenSSL hands the receive side to the kernel
- * only when nothing is buffered past the key change, which read-ahead
- * would break. */
+/* OpenSSL 3.0 cannot move a kernel TLS 1.3 session to a new key: its
+ * KeyUpdate code changes the user-space cipher, never the kernel's
+ * (openssl/openssl#16307), so a client's KeyUpdate, or our own after
+ * rekey_records, would end the session.  kTLS is therefore kept to TLS
+ * 1.2, which has no KeyUpdate.  The server picks TLS 1.3 whenever the
+ * client lists it in supported_versions, so that decides it here, before
+ * any key exists.  A TLS 1.2 session on kTLS also reads record by record:
+ * OpenSSL hands the receive side to the kernel only when what it has read
+ * ends on a record boundary, which read-ahead rarely leaves.  Untested
+ * here: the machines this was written on have no tls module. */
 static int
 ktls_client_hello (SSL *ssl, int *alert, void *arg)
 {
