@@ -232,10 +232,24 @@ psk_lookup (const void *id, size_t len)
  * session we hand back is tied to a SHA-256 suite; OpenSSL then picks
  * TLS_AES_128_GCM_SHA256 or TLS_CHACHA20_POLY1305_SHA256, with (EC)DHE
  * when the client offers psk_dhe_ke (GnuTLS does by default). */
+static SSL_SESSION *
+psk_session (SSL *ssl, const struct psk_entry *p)
+{
+  static const unsigned char aes128gcmsha256[] = { 0x13, 0x01 };
+  const SSL_CIPHER *cipher = SSL_CIPHER_find (ssl, aes128gcmsha256);
+  SSL_SESSION *s = SSL_SESSION_new ();
+  if (!cipher || !s || !SSL_SESSION_set1_master_key (s, p->key, p->keylen)
+      || !SSL_SESSION_set_cipher (s, cipher)
+      || !SSL_SESSION_set_protocol_version (s, TLS1_3_VERSION)) {
+    SSL_SESSION_free (s);
+    return NULL;
+  }
+  return s;
+}
+
 static int
 psk_find_session (SSL *ssl, const unsigned char *id, size_t idlen, SSL_SESSION **sess)
 {
-  static const unsigned char aes128gcmsha256[] = { 0x13, 0x01 };
   struct conn *c = SSL_get_app_data (ssl);
   struct tls_conn *t = c->tls;
   const struct psk_entry *p = psk_lookup (id, idlen);
@@ -245,14 +259,9 @@ psk_find_session (SSL *ssl, const unsigned char *id, size_t idlen, SSL_SESSION *
     note_unknown (t, id, idlen);
     return 1;                       /* no PSK: a certificate handshake may follow */
   }
-  const SSL_CIPHER *cipher = SSL_CIPHER_find (ssl, aes128gcmsha256);
-  SSL_SESSION *s = SSL_SESSION_new ();
-  if (!cipher || !s || !SSL_SESSION_set1_master_key (s, p->key, p->keylen)
-      || !SSL_SESSION_set_cipher (s, cipher)
-      || !SSL_SESSION_set_protocol_version (s, TLS1_3_VERSION)) {
-    SSL_SESSION_free (s);
+  SSL_SESSION *s = psk_session (ssl, p);
+  if (!s)
     return 0;
-  }
   t->psk_identity = p->identity;
   *sess = s;
   return 1;
@@ -699,15 +708,9 @@ static int
 selftest_psk_use (SSL *ssl, const EVP_MD *md, const unsigned char **id, size_t *idlen,
                   SSL_SESSION **sess)
 {
-  static const unsigned char aes128gcmsha256[] = { 0x13, 0x01 };
-  const SSL_CIPHER *cipher = SSL_CIPHER_find (ssl, aes128gcmsha256);
-  SSL_SESSION *s = SSL_SESSION_new ();
-  if (!cipher || !s || !SSL_SESSION_set1_master_key (s, psks[0].key, psks[0].keylen)
-      || !SSL_SESSION_set_cipher (s, cipher)
-      || !SSL_SESSION_set_protocol_version (s, TLS1_3_VERSION)) {
-    SSL_SESSION_free (s);
+  SSL_SESSION *s = psk_session (ssl, &psks[0]);
+  if (!s)
     return 0;
-  }
   *id = (const unsigned char *) psks[0].identity;
   *idlen = strlen (psks[0].identity);
   *sess = s;
