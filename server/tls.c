@@ -421,9 +421,12 @@ ktls_client_hello (SSL *ssl, int *alert, void *arg)
     for (size_t i = 1; i + 1 < len && i + 1 <= v[0]; i += 2)
       if (v[i] == 3 && v[i + 1] == 4) {
         SSL_clear_options (ssl, SSL_OP_ENABLE_KTLS);
+        log_debug ("TLS: the client offers TLS 1.3: no kernel TLS for this session "
+                   "(OpenSSL 3.0 cannot update its keys)");
         return SSL_CLIENT_HELLO_SUCCESS;
       }
   SSL_set_read_ahead (ssl, 0);
+  log_debug ("TLS: a TLS 1.2 client: kernel TLS where the suite allows, no read-ahead");
   return SSL_CLIENT_HELLO_SUCCESS;
 }
 
@@ -952,7 +955,14 @@ tls_setup (void)
   SSL_CTX_set_read_ahead (ctx, 1);
   SSL_CTX_set_default_read_buffer_len (ctx, TLS_READ_BUF);
   ktls_kernel = probe_ktls ();
-  if (ktls_kernel) {
+  bool ktls_decide = ktls_kernel;
+#ifdef BLKD_TEST_HOOKS
+  /* Make the per-session decision without a tls module (OpenSSL's own
+   * attempt then fails quietly and the session stays in user space). */
+  if (getenv ("BLKD_TLS_TEST_KTLS"))
+    ktls_decide = true;
+#endif
+  if (ktls_decide) {
     SSL_CTX_set_options (ctx, SSL_OP_ENABLE_KTLS);
     SSL_CTX_set_client_hello_cb (ctx, ktls_client_hello, NULL);
   }
