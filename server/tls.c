@@ -705,17 +705,18 @@ sealed_sendv (struct conn *c, struct tls_conn *t, const struct iovec *iov, int n
 
 #define SELFTEST_BYTES (2 * TLSREC_MAX_CONTENT + 1000)
 
-/* PSK-only servers: the client offers the first identity (SHA-256, as
- * GnuTLS clients do). */
+/* PSK-only servers: the client offers one of the server's identities
+ * (the client SSL's app data) with SHA-256, as GnuTLS clients do. */
 static int
 selftest_psk_use (SSL *ssl, const EVP_MD *md, const unsigned char **id, size_t *idlen,
                   SSL_SESSION **sess)
 {
-  SSL_SESSION *s = psk_session (ssl, &psks[0]);
+  const struct psk_entry *p = SSL_get_app_data (ssl);
+  SSL_SESSION *s = psk_session (ssl, p);
   if (!s)
     return 0;
-  *id = (const unsigned char *) psks[0].identity;
-  *idlen = strlen (psks[0].identity);
+  *id = (const unsigned char *) p->identity;
+  *idlen = strlen (p->identity);
   *sess = s;
   return 1;
 }
@@ -736,9 +737,11 @@ selftest_handshake (SSL *srv, SSL *cli)
   return -1;
 }
 
-/* One suite: NULL when blkd's records read back exact, else why not. */
+/* One suite against the server context sctx (with a PSK client when psk
+ * is set, else a certificate handshake): NULL when blkd's records read
+ * back exact, else why not. */
 static const char *
-selftest_suite (const char *suite)
+selftest_suite (SSL_CTX *sctx, const struct psk_entry *psk, const char *suite)
 {
   const char *why = NULL;
   struct conn *c = calloc (1, sizeof *c);
@@ -756,9 +759,9 @@ selftest_suite (const char *suite)
   c->tls = t;
   SSL_CTX_set_min_proto_version (cctx, TLS1_3_VERSION);
   SSL_CTX_set_verify (cctx, SSL_VERIFY_NONE, NULL);
-  if (!have_certs)
+  if (psk)
     SSL_CTX_set_psk_use_session_callback (cctx, selftest_psk_use);
-  t->ssl = SSL_new (ctx);
+  t->ssl = SSL_new (sctx);
   cli = SSL_new (cctx);
   if (SSL_CTX_set_ciphersuites (cctx, suite) != 1 || !t->ssl || !cli
       || BIO_new_bio_pair (&sbio, 4 * TLS_OUT_CAP, &cbio, 4 * TLS_OUT_CAP) != 1) {
@@ -769,6 +772,7 @@ selftest_suite (const char *suite)
   SSL_set_verify (t->ssl, SSL_VERIFY_NONE, NULL);   /* the client has no certificate */
   SSL_set_accept_state (t->ssl);
   SSL_set_bio (t->ssl, sbio, sbio);
+  SSL_set_app_data (cli, (void *) psk);
   SSL_set_connect_state (cli);
   SSL_set_bio (cli, cbio, cbio);
   if (selftest_handshake (t->ssl, cli) == -1) {
@@ -846,24 +850,27 @@ out:
   return why;
 }
 
-/* Every suite blkd offers (the SHA-256 ones only for a PSK-only server):
- * on any failure the sealer is turned off for the life of the server. */
+/* Every suite blkd offers (the SHA-256 ones only for PSK: psk is one of
+ * the server's keys for a PSK-only server, NULL when it has certificates):
+ * on any failure the sealer is turned off for the life of the server, and
+ * sctx loses the callbacks it needed (contexts built later must not set
+ * them: they look at cfg.tls_seal). */
 static void
-seal_selftest (void)
+seal_selftest (SSL_CTX *sctx, const struct psk_entry *psk)
 {
   static const char *const suites[] = {
     "TLS_AES_128_GCM_SHA256", "TLS_CHACHA20_POLY1305_SHA256", "TLS_AES_256_GCM_SHA384",
   };
   for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++) {
-    if (!have_certs && strstr (suites[i], "SHA384"))
+    if (psk && strstr (suites[i], "SHA384"))
       continue;
-    const char *why = selftest_suite (suites[i]);
+    const char *why = selftest_suite (sctx, psk, suites[i]);
     if (why) {
       fprintf (stderr, "blkd: warning: TLS: the --tls-seal=blkd self-test failed with %s: "
                "%s; OpenSSL seals every record instead\n", suites[i], why);
       cfg.tls_seal = TLS_SEAL_OPENSSL;
-      SSL_CTX_set_keylog_callback (ctx, NULL);
-      SSL_CTX_set_msg_callback (ctx, NULL);
+      SSL_CTX_set_keylog_callback (sctx, NULL);
+      SSL_CTX_set_msg_callback (sctx, NULL);
       return;
     }
   }
@@ -982,7 +989,7 @@ tls_setup (void)
   if (cfg.tls_seal == TLS_SEAL_BLKD) {
     SSL_CTX_set_keylog_callback (ctx, keylog_cb);
     SSL_CTX_set_msg_callback (ctx, msg_cb);
-    seal_selftest ();
+    seal_selftest (ctx, have_certs ? NULL : &psks[0]);
 #ifdef BLKD_TEST_HOOKS
     /* A ticket is a message OpenSSL writes under the application key
      * before blkd could take over: the hand-over must see it and leave
