@@ -243,8 +243,10 @@ for seal in ("blkd", "openssl"):
                     ok("%s: %d records, %d server key updates, decrypted exactly"
                        % (tag, st["records"], st["updates"]))
         log = open(s.log_path, "rb").read().decode(errors="replace")
-        check("sent sealed by %s" % ("blkd" if seal == "blkd" else "OpenSSL") in log,
-              "the log names the sealer (%s)" % seal)
+        sealer = "records: sent sealed by %s," % ("blkd" if seal == "blkd" else "OpenSSL")
+        check(log.count(sealer) == len(SUITES) * 4,
+              "every session was sealed by %s" % seal, "%d of %d" % (log.count(sealer),
+                                                                     len(SUITES) * 4))
         s.check_alive()
         s.stop()
 
