@@ -40,12 +40,19 @@ send_error (struct conn *c, uint32_t option, uint32_t reply, const char *msg)
   return send_option_reply (c, option, reply, msg, strlen (msg));
 }
 
+/* The global flags we offer, less those --mask-handshake turned off. */
+static uint16_t
+handshake_gflags (void)
+{
+  return (NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES) & ~cfg.gflags_masked;
+}
+
 void
 handshake_start (struct conn *c)
 {
   uint8_t g[18];
   uint64_t m1 = htobe64 (NBD_MAGIC), m2 = htobe64 (NBD_OPTS_MAGIC);
-  uint16_t flags = htobe16 (NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
+  uint16_t flags = htobe16 (handshake_gflags ());
   memcpy (g, &m1, 8);
   memcpy (g + 8, &m2, 8);
   memcpy (g + 16, &flags, 2);
@@ -387,6 +394,8 @@ handle_option (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
   case NBD_OPT_STRUCTURED_REPLY:
     if (len != 0)
       return send_error (c, option, NBD_REP_ERR_INVALID, "STRUCTURED_REPLY takes no data");
+    if (cfg.no_sr)
+      return send_error (c, option, NBD_REP_ERR_UNSUP, "structured replies are off (--no-sr)");
     c->structured = true;
     return send_option_reply (c, option, NBD_REP_ACK, NULL, 0);
   case NBD_OPT_LIST_META_CONTEXT:
@@ -410,7 +419,9 @@ handshake_consume (struct conn *c)
       return 0;
     uint32_t flags = rd32 (in);
     c->roff += 4;
-    if (flags & ~(uint32_t) (NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES)) {
+    /* Client flags must be among those we offered (NBD_FLAG_C_* has the
+     * same bits as the global flags). */
+    if (flags & ~(uint32_t) handshake_gflags ()) {
       log_error ("client sent unknown handshake flags 0x%x; closing", flags);
       return -1;
     }
