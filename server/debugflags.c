@@ -76,15 +76,14 @@ debug_flags_apply (void *dl, const char *name, const char *path)
     for (char *p = var + strlen (name) + 7; *p; p++)
       if (*p == '.')
         *p = '_';
+    /* A flag the plugin lacks is a warning, not an error: nbdkit 1.32
+     * starts anyway, and so do we. */
     int *sym = dlsym (dl, var);
-    if (!sym) {
-      fprintf (stderr, "blkd: -D %s.%s: %s does not contain a global variable "
-               "called %s\n", f->name, f->flag, path, var);
-      free (var);
-      errno = ENOENT;
-      return -1;
-    }
-    *sym = f->value;
+    if (sym)
+      *sym = f->value;
+    else
+      fprintf (stderr, "blkd: warning: -D %s.%s: %s does not contain a global "
+               "variable called %s\n", f->name, f->flag, path, var);
     free (var);
     f->used = true;
   }

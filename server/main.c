@@ -646,7 +646,18 @@ main (int argc, char **argv)
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }
-  if (listen_setup () == -1 || drop_privileges (user, group) == -1) {
+  if (listen_setup () == -1) {
+    exit_code = EXIT_FAILURE;
+    goto out_listen;
+  }
+  /* --run's command starts now, as nbdkit's does: as the starting user
+   * (before -u/-g), its first connection waiting in the backlog until
+   * the shards serve it. */
+  if (cfg.run_cmd && start_run_command () == -1) {
+    exit_code = EXIT_FAILURE;
+    goto out_listen;
+  }
+  if (drop_privileges (user, group) == -1) {
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }
@@ -705,10 +716,9 @@ main (int argc, char **argv)
     close (daemon_ready_fd);
     daemon_ready_fd = -1;
   }
-  if (cfg.run_cmd && start_run_command () == -1) {
-    exit_code = EXIT_FAILURE;
-    goto out_events;
-  }
+  /* The command may have ended before SIGCHLD was watched. */
+  if (cfg.run_cmd)
+    on_sigchld (-1, 0, NULL);
   if (public_shutdown_requested ())
     server_request_stop ();
 
@@ -728,15 +738,15 @@ out_events:
 out_shards:
   atomic_store (&server_stopping, true);
   shard_stop_all ();
-  if (run_pid > 0) {
-    kill (run_pid, SIGTERM);
-    waitpid (run_pid, NULL, 0);
-  }
   if (main_base)
     event_base_free (main_base);
   if (stop_fd >= 0)
     close (stop_fd);
 out_listen:
+  if (run_pid > 0) {
+    kill (run_pid, SIGTERM);
+    waitpid (run_pid, NULL, 0);
+  }
   listen_stop ();
   listen_cleanup ();
   metrics_stop ();                /* it answered 503 while the shards drained */
