@@ -344,34 +344,23 @@ make_private_socket (void)
   return 0;
 }
 
-/* -u/-g take a name or a number, as nbdkit's do. */
+/* -u/-g take a name or a number, as nbdkit's do.  -1 + message. */
 static int
-resolve_ids (const char *user, const char *group, uid_t *uid, gid_t *gid)
+resolve_id (const char *opt, const char *name, bool is_group, unsigned *id)
 {
+  struct group *gr = is_group ? getgrnam (name) : NULL;
+  struct passwd *pw = is_group ? NULL : getpwnam (name);
   char *end;
-  if (group) {
-    struct group *gr = getgrnam (group);
-    unsigned long n = strtoul (group, &end, 10);
-    if (gr)
-      *gid = gr->gr_gid;
-    else if (*group && !*end)
-      *gid = n;
-    else {
-      fprintf (stderr, "blkd: -g: unknown group '%s'\n", group);
-      return -1;
-    }
-  }
-  if (user) {
-    struct passwd *pw = getpwnam (user);
-    unsigned long n = strtoul (user, &end, 10);
-    if (pw)
-      *uid = pw->pw_uid;
-    else if (*user && !*end)
-      *uid = n;
-    else {
-      fprintf (stderr, "blkd: -u: unknown user '%s'\n", user);
-      return -1;
-    }
+  unsigned long n = strtoul (name, &end, 10);
+  if (gr)
+    *id = gr->gr_gid;
+  else if (pw)
+    *id = pw->pw_uid;
+  else if (*name && !*end)
+    *id = n;
+  else {
+    fprintf (stderr, "blkd: %s: unknown %s '%s'\n", opt, is_group ? "group" : "user", name);
+    return -1;
   }
   return 0;
 }
@@ -382,14 +371,10 @@ resolve_ids (const char *user, const char *group, uid_t *uid, gid_t *gid)
  * nbdkit.  The private -U - directory is handed over first so that the
  * server can still remove it at exit. */
 static int
-drop_privileges (const char *user, const char *group)
+drop_privileges (const char *user, unsigned uid, const char *group, unsigned gid)
 {
-  uid_t uid = (uid_t) -1;
-  gid_t gid = (gid_t) -1;
   if (!user && !group)
     return 0;
-  if (resolve_ids (user, group, &uid, &gid) == -1)
-    return -1;
   if (run_tmpdir && chown (run_tmpdir, uid, gid) == -1) {
     fprintf (stderr, "blkd: chown %s: %m\n", run_tmpdir);
     return -1;
@@ -603,6 +588,11 @@ main (int argc, char **argv)
     fprintf (stderr, "blkd: -s cannot be used with --run, -U, -p, -i or --vsock\n");
     return EXIT_FAILURE;
   }
+  /* Names are resolved now: a typo fails before anything is bound. */
+  unsigned uid = (uid_t) -1, gid = (gid_t) -1;
+  if ((group && resolve_id ("-g", group, true, &gid) == -1)
+      || (user && resolve_id ("-u", user, false, &uid) == -1))
+    return EXIT_FAILURE;
   if (cfg.vsock && cfg.unix_path) {
     fprintf (stderr, "blkd: --vsock cannot be used with -U\n");
     return EXIT_FAILURE;
@@ -660,7 +650,7 @@ main (int argc, char **argv)
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }
-  if (drop_privileges (user, group) == -1) {
+  if (drop_privileges (user, uid, group, gid) == -1) {
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }

@@ -18,7 +18,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
-from blkdtest import BLKD, IS_NBDKIT, fail, need_server, ok, skip  # noqa: E402
+from blkdtest import BLKD, IS_NBDKIT, fail, free_port, need_server, ok, skip  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TABLE = os.path.join(HERE, "cli-nbdkit-examples.txt")
@@ -37,14 +37,6 @@ for tool in ("nbdinfo", "nbdsh", "nbdcopy"):
 if not os.path.exists(os.path.join(PLUGINS, "nbdkit-debugflag-plugin.so")):
     skip("tests/plugins/nbdkit-debugflag-plugin.so is not built (make check builds it)")
 NBDKIT_HELP = subprocess.run([NBDKIT, "--help"], capture_output=True, text=True).stdout
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def vsock_bind():
