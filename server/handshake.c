@@ -367,6 +367,12 @@ static int
 handle_option (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
 {
   log_debug ("option %u, %u bytes", option, len);
+  /* A client that did not take fixed newstyle (--mask-handshake can
+   * withhold it) may only send EXPORT_NAME; the others get ERR_INVALID,
+   * as nbdkit answers them. */
+  if (!c->fixed_newstyle && option != NBD_OPT_EXPORT_NAME)
+    return send_error (c, option, NBD_REP_ERR_INVALID,
+                       "only EXPORT_NAME without fixed newstyle");
   /* --tls=require: nothing but STARTTLS and ABORT in clear, so no export
    * (not even its name or size) is reachable without TLS. */
   if (cfg.tls == TLS_REQUIRE && !c->tls && option != NBD_OPT_STARTTLS
@@ -426,6 +432,7 @@ handshake_consume (struct conn *c)
       return -1;
     }
     c->no_zeroes = flags & NBD_FLAG_C_NO_ZEROES;
+    c->fixed_newstyle = flags & NBD_FLAG_C_FIXED_NEWSTYLE;
     c->phase = CONN_HS_OPTIONS;
     return 0;
   }

@@ -211,6 +211,7 @@ struct conn {
   struct event *ev_read, *ev_write;
   enum conn_phase phase;
   bool no_zeroes, structured, meta_base_allocation, want_close;
+  bool fixed_newstyle;            /* client set NBD_FLAG_C_FIXED_NEWSTYLE */
   bool read_paused;               /* back-pressure: not watching the socket */
   bool read_drained;              /* last read was short: socket empty */
   bool waiting_buffers;           /* on the shard's list of pool waiters */

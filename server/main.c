@@ -593,8 +593,8 @@ main (int argc, char **argv)
   if ((group && resolve_id ("-g", group, true, &gid) == -1)
       || (user && resolve_id ("-u", user, false, &uid) == -1))
     return EXIT_FAILURE;
-  if (cfg.vsock && cfg.unix_path) {
-    fprintf (stderr, "blkd: --vsock cannot be used with -U\n");
+  if (cfg.unix_path && (cfg.vsock || cfg.port)) {
+    fprintf (stderr, "blkd: -U cannot be used with -p or --vsock\n");
     return EXIT_FAILURE;
   }
 

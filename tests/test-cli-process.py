@@ -4,6 +4,7 @@
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -223,6 +224,37 @@ else:
     check(r.returncode == 1 and "--selinux-label" in r.stderr and "SELinux" in r.stderr
           or "libselinux" in r.stderr, "--selinux-label without SELinux: a clear message",
           r.stderr)
+
+print("# --mask-handshake=0: a client without fixed newstyle may only send EXPORT_NAME")
+PROBE = r"""
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(60)
+s.connect(sys.argv[1])
+def rd(n):
+    b = b""
+    while len(b) < n:
+        x = s.recv(n - len(b))
+        if not x:
+            break
+        b += x
+    return b
+gflags = struct.unpack(">H", rd(18)[16:])[0]
+s.sendall(struct.pack(">I", int(sys.argv[2])))
+s.sendall(struct.pack(">QII", 0x49484156454F5054, 3, 0))          # NBD_OPT_LIST
+r = rd(20)
+print(gflags, hex(struct.unpack(">I", r[12:16])[0]) if len(r) == 20 else "EOF")
+"""
+servers = [BLKD] + ([shutil.which("nbdkit")] if shutil.which("nbdkit") else [])
+for server in servers:
+    for mask, cflags, want in (("0", "0", "0 0x80000003"), ("3", "3", "3 0x2")):
+        env = dict(os.environ, PROBE=PROBE, PROBE_PY=sys.executable, CFLAGS=cflags)
+        r = subprocess.run([server, "-U", "-", "--mask-handshake=" + mask, "memory", "1M",
+                            "--run", '"$PROBE_PY" -c "$PROBE" "$unixsocket" "$CFLAGS"'],
+                           env=env, capture_output=True, text=True, timeout=LIMIT)
+        # LIST answers ERR_INVALID without fixed newstyle, else a first SERVER reply.
+        check_eq(r.stdout.strip(), want, "%s --mask-handshake=%s, client flags %s: "
+                 "global flags and LIST's reply" % (os.path.basename(server), mask, cflags))
 
 print("# --help and README cover every option blkd accepts")
 src = open(os.path.join(TOP, "server", "main.c")).read()
