@@ -368,17 +368,21 @@ resolve_id (const char *opt, const char *name, bool is_group, unsigned *id)
 /* After the sockets are bound and before any client is served: the
  * plugin's load, config and get_ready ran as the starting user; its open
  * (where plugins such as file open their files) runs as USER, as under
- * nbdkit.  The private -U - directory is handed over first so that the
- * server can still remove it at exit. */
+ * nbdkit.  The private -U - directory and the socket are handed over
+ * first so that the server can still remove them at exit. */
 static int
 drop_privileges (const char *user, unsigned uid, const char *group, unsigned gid)
 {
   if (!user && !group)
     return 0;
-  if (run_tmpdir && chown (run_tmpdir, uid, gid) == -1) {
-    fprintf (stderr, "blkd: chown %s: %m\n", run_tmpdir);
-    return -1;
-  }
+  /* The socket too, so that USER can remove it at exit where the
+   * directory lets it (a sticky /tmp does; nbdkit never removes it). */
+  const char *paths[] = { run_tmpdir, cfg.socket_activated ? NULL : listen_unix_path () };
+  for (int i = 0; i < 2; i++)
+    if (paths[i] && chown (paths[i], uid, gid) == -1) {
+      fprintf (stderr, "blkd: chown %s: %m\n", paths[i]);
+      return -1;
+    }
   if (group && (setgroups (1, &gid) == -1 || setgid (gid) == -1)) {
     fprintf (stderr, "blkd: -g %s: %m\n", group);
     return -1;

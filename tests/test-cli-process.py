@@ -132,9 +132,12 @@ else:
         del h
     finally:
         srv.send_signal(signal.SIGTERM)
-        srv.wait(timeout=LIMIT)
-        if os.path.exists(sock):
+        rc = srv.wait(timeout=LIMIT)
+        left = os.path.exists(sock)
+        if left:
             os.unlink(sock)
+    check(rc == 0 and not left, "-u nobody: SIGTERM exits 0 and nobody removes the "
+          "socket in /tmp", "exit %d, socket left: %s" % (rc, left))
     secret = os.path.join("/tmp", "blkd-cli-secret.%d" % os.getpid())
     with open(secret, "wb") as f:
         f.write(b"\0" * 4096)
