@@ -80,25 +80,37 @@ for name, stdin in (("/dev/null", subprocess.DEVNULL), ("a pipe", subprocess.PIP
           "-s with stdin on %s: exit 1 and says what it needs" % name, p.stderr)
 
 print("# --exit-with-parent: the parent dies, blkd exits cleanly and removes its socket")
+# As a subreaper we inherit blkd once its parent dies, and can read its
+# exit status: 0 is the clean path (a signal death would not be).
+import ctypes  # noqa: E402
+PR_SET_CHILD_SUBREAPER = 36
+subreaper = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 for flag in (True, False):
     sock = os.path.join(TMP, "ewp%d.sock" % flag)
     pidfile = os.path.join(TMP, "ewp%d.pid" % flag)
     opts = "--exit-with-parent" if flag else "-f"
     # The shell is the parent: it starts blkd, records its pid, waits.
-    parent = subprocess.Popen(["sh", "-c", 'exec 2>/dev/null; "$0" %s -U "$1" memory 1M & '
-                               'echo $! > "$2"; wait' % opts, BLKD, sock, pidfile])
-    wait_for(lambda: os.path.exists(sock), "blkd %s listening" % opts)
+    parent = subprocess.Popen(["sh", "-c", '"$0" %s -U "$1" memory 1M 2>/dev/null & '
+                               'echo $! > "$2.tmp"; mv "$2.tmp" "$2"; wait' % opts,
+                               BLKD, sock, pidfile])
+    wait_for(lambda: os.path.exists(sock) and os.path.exists(pidfile),
+             "blkd %s listening" % opts)
     child = int(open(pidfile).read())
     parent.send_signal(signal.SIGKILL)
     parent.wait()
-    if flag:
-        wait_for(lambda: gone(child), "blkd exits after its parent was killed")
-        check(not os.path.exists(sock), "--exit-with-parent: socket removed at exit")
-    else:
+    if not flag:
         time.sleep(1)
         check(not gone(child), "without --exit-with-parent blkd outlives its parent")
         os.kill(child, signal.SIGTERM)
-        wait_for(lambda: gone(child), "blkd stops on SIGTERM")
+    wait_for(lambda: gone(child), "blkd %s exits" % ("after its parent was killed" if flag
+                                                    else "on SIGTERM"))
+    if subreaper:
+        status = os.waitpid(child, 0)[1]
+        check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
+              "blkd %s: exit status 0" % opts, "wait status %#x" % status)
+    else:
+        note("not a subreaper here: blkd's exit status not checked")
+    check(not os.path.exists(sock), "blkd %s: socket removed at exit" % opts)
 
 print("# -u nobody -g nogroup: the serving process has those ids")
 if os.geteuid() != 0:
