@@ -128,6 +128,15 @@ def wait_ready(proc, env, args):
         time.sleep(0.05)
 
 
+def running(pid):
+    """Alive and not a zombie (a reparented daemon may wait to be reaped)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def stop(proc, env):
     pids = [proc.pid]
     pidfile = env["TMP"] + "/pid"
@@ -140,7 +149,7 @@ def stop(proc, env):
             pass
     proc.wait(timeout=LIMIT)
     deadline = time.time() + LIMIT
-    while time.time() < deadline and os.path.exists("/proc/%d" % pids[-1]):
+    while time.time() < deadline and running(pids[-1]):
         time.sleep(0.05)
 
 
