@@ -40,6 +40,12 @@ struct blkd_config {
   bool foreground;                /* -f */
   bool readonly;                  /* -r */
   bool socket_activated;          /* LISTEN_FDS was set for us */
+  bool single;                    /* -s: one client on stdin/stdout, no listener */
+  bool vsock;                     /* --vsock: listen on AF_VSOCK, -p is the port */
+  int ip_family;                  /* -4/-6: AF_INET, AF_INET6; 0: both */
+  const char *selinux_label;      /* --selinux-label: label for our listening sockets */
+  uint16_t gflags_masked;         /* handshake flags --mask-handshake turns off */
+  bool no_sr;                     /* --no-sr: refuse STRUCTURED_REPLY */
   int shards;                     /* --shards; default: online CPUs */
   int workers;                    /* --threads: workers per shard (or global pool / shards) */
   uint32_t max_request;           /* --max-request: largest READ/WRITE payload */
@@ -104,6 +110,7 @@ struct plugin_conn {
 int plugin_load (const char *name, int argc, char **argv);  /* -1 + message */
 char *plugin_exe_dir (void);      /* malloc'd; NULL if /proc/self/exe fails */
 int plugin_dump (const char *name);
+int plugin_help (const char *name);   /* PLUGIN --help: nbdkit's plugin usage */
 int plugin_after_fork (void);
 void plugin_unload (void);
 const char *plugin_name (void);
@@ -204,6 +211,7 @@ struct conn {
   struct event *ev_read, *ev_write;
   enum conn_phase phase;
   bool no_zeroes, structured, meta_base_allocation, want_close;
+  bool fixed_newstyle;            /* client set NBD_FLAG_C_FIXED_NEWSTYLE */
   bool read_paused;               /* back-pressure: not watching the socket */
   bool read_drained;              /* last read was short: socket empty */
   bool waiting_buffers;           /* on the shard's list of pool waiters */
@@ -337,6 +345,14 @@ void listen_cleanup (void);                       /* unlink Unix socket */
 const char *listen_uri (void);
 const char *listen_port (void);
 const char *listen_unix_path (void);
+
+/* ---- -D NAME.FLAG=N (debugflags.c) ------------------------------------ */
+
+int debug_flag_add (const char *arg);             /* -1 + message */
+/* Set NAME_debug_FLAG in a just-opened plugin (or filter) named NAME. */
+int debug_flags_apply (void *dl, const char *name, const char *path);
+void debug_flags_warn_unused (void);
+void debug_flags_free (void);
 
 /* ---- misc ----------------------------------------------------------- */
 

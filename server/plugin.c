@@ -144,6 +144,8 @@ plugin_open_dl (const char *name)
     fprintf (stderr, "blkd: %s: plugin name is missing or invalid\n", plugin_path);
     return -1;
   }
+  if (debug_flags_apply (dl, p.name, plugin_path) == -1)
+    return -1;
   bool has_pread = api_version == 1 ? p._pread_v1 != NULL : p.pread != NULL;
   if (!p.open || !p.get_size || !has_pread) {
     fprintf (stderr, "blkd: %s: plugin must define open, get_size and pread\n", plugin_path);
@@ -255,6 +257,30 @@ plugin_unload (void)
   free (zero_buf);
   zero_buf = NULL;
   public_release_global ();
+}
+
+/* nbdkit's plugin usage, printed after the server's for PLUGIN --help:
+ * name (longname), path, description, config_help. */
+int
+plugin_help (const char *name)
+{
+  if (plugin_open_dl (name) == -1)
+    return -1;
+  if (p.load)
+    p.load ();
+  printf ("plugin: %s", p.name);
+  if (p.longname)
+    printf (" (%s)", p.longname);
+  printf ("\n(%s)\n", plugin_path);
+  const char *const texts[] = { p.description, p.config_help };
+  for (size_t i = 0; i < 2; i++) {
+    size_t n = texts[i] ? strlen (texts[i]) : 0;
+    if (n)
+      printf ("%s%s", texts[i], texts[i][n - 1] == '\n' ? "" : "\n");
+  }
+  fflush (stdout);
+  plugin_unload ();
+  return 0;
 }
 
 int

@@ -153,6 +153,10 @@ shard_conn_gone (struct shard *s, struct conn *c)
     }
   atomic_fetch_sub (&s->nconns_shared, 1);
   atomic_fetch_sub (&total_conns, 1);
+  /* -s: its one client has gone.  Through the hook main.c sets, so
+   * shard.c links without main.o (the fuzz harness does). */
+  if (cfg.single && public_shutdown_hook)
+    public_shutdown_hook ();
   if (s->draining && s->nconns == 0)
     event_base_loopbreak (s->base);
 }
@@ -310,6 +314,8 @@ shard_on_notify (evutil_socket_t fd, short what, void *arg)
     struct conn *c = conn_new (s, fds[i], peers[i]);
     if (!c) {
       log_error ("shard %d: cannot set up connection from %s: %m", s->index, peers[i]);
+      if (cfg.single && public_shutdown_hook)
+        public_shutdown_hook ();
       close (fds[i]);
       atomic_fetch_sub (&s->nconns_shared, 1);
       atomic_fetch_sub (&total_conns, 1);
