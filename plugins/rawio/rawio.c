@@ -26,10 +26,17 @@
  * buffered fd on the same file; Linux writes back and invalidates the page
  * cache around direct I/O, so the two views stay coherent for requests
  * that don't overlap in time (NBD promises nothing for those that do).
+ *
+ * Under blkd (include/blkd-plugin.h), direct=false READs on clear-text
+ * connections are not read here at all: blkd asks for the fd and offset
+ * and the kernel sends the page cache with sendfile.  direct=true keeps
+ * the pool path: the page cache is what O_DIRECT avoids.
  */
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
+
+#include "blkd-plugin.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -667,6 +674,31 @@ rawio_extents(void *handle, uint32_t count, uint64_t offset, uint32_t flags,
   }
   return 0;
 }
+
+/* blkd's extension: the buffered fd holds the range at the same offset.
+ * The handle's fd stays open until close, which blkd calls only after
+ * every reply of the connection is sent or dropped. */
+static int
+rawio_pread_fd(void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+               int *fd, uint64_t *file_offset)
+{
+  struct rawio_handle *h = handle;
+
+  if (rawio_direct) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  *fd = h->bfd;
+  *file_offset = offset;
+  return 0;
+}
+
+/* Found by blkd with dlsym; nbdkit never looks for it. */
+const struct blkd_plugin_extension blkd_plugin_extension = {
+  .version  = BLKD_PLUGIN_EXTENSION_VERSION,
+  .size     = sizeof (struct blkd_plugin_extension),
+  .pread_fd = rawio_pread_fd,
+};
 
 static struct nbdkit_plugin plugin = {
   .name              = "rawio",
