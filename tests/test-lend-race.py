@@ -50,8 +50,9 @@ def one_round(structured, rnd):
     w.flush()
 
     seen = set()
-    for i, (off, n) in enumerate(ranges):
-        cookie, data = read_data(c, off, n)
+    for _ in ranges:
+        i, data = read_data(c, ranges)
+        off = ranges[i][0]
         got = set(data)
         seen |= got
         if JUNK in got:

@@ -80,7 +80,8 @@ for cut in (1, 64 * K, 64 * K + 1, MiB // 2, MiB - 1):
 lent0 = metrics(mport)["blkd_lend_replies_total"]
 c = RawClient(srv)
 c.handshake(structured=True)
-read_requests(c, [(32 * MiB, MiB)] * 48)
+ranges = [(32 * MiB, MiB)] * 48
+read_requests(c, ranges)
 wait_metric(mport, lambda m: m["blkd_lend_replies_total"] >= lent0 + 48 and m["blkd_lend_bytes"] > 0,
             "48 READs lent")
 base = placed()
@@ -88,7 +89,7 @@ new = os.urandom(MiB)
 h.pwrite(new, 32 * MiB)
 check(placed() == base + 1, "the overwrite was placed")
 for i in range(48):
-    cookie, got = read_data(c, 32 * MiB, MiB)
+    cookie, got = read_data(c, ranges)
     if got != old and got != new:
         fail("READ %d lent before a placed overwrite is neither old nor new" % cookie)
     if got != old:

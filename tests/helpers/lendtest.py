@@ -1,10 +1,12 @@
 """Helpers for tests/test-lend-*.py: blkd's lending counters on /metrics,
 and raw clients that leave replies unread."""
 
+import struct
 import time
 import urllib.request
 
-from blkdtest import RawClient, fail, read_via_chunks, NBD_CMD_READ
+from blkdtest import (RawClient, fail, read_via_chunks, recv_exact, NBD_CMD_READ,
+                      NBD_SIMPLE_REPLY_MAGIC)
 
 MiB = 1024 * 1024
 
@@ -44,11 +46,40 @@ def read_requests(c, ranges, first_cookie=1):
                             for i, (off, n) in enumerate(ranges)))
 
 
-def read_data(c, offset, length):
-    """One successful READ reply's (cookie, data), simple or structured."""
-    cookie, err, chunks, data = c.recv_reply(read_len=length)
+def read_data(c, ranges, first_cookie=1):
+    """The next READ reply, which may answer any of the requests sent by
+    read_requests(c, ranges, first_cookie) (replies come in completion
+    order): returns (index into ranges, data)."""
+    magic = c.recv(4)
+    cookie, err, chunks, data = _recv_reply_sized(c, magic, ranges, first_cookie)
+    i = cookie - first_cookie
     if err:
         fail("READ cookie %d failed with NBD error %d" % (cookie, err))
     if chunks is not None:
-        data = read_via_chunks(chunks, offset, length)[0]
-    return cookie, data
+        off, n = ranges[i]
+        data = read_via_chunks(chunks, off, n)[0]
+    return i, data
+
+
+def _recv_reply_sized(c, magic, ranges, first_cookie):
+    """recv_reply, but a simple reply's length comes from its cookie."""
+    if struct.unpack(">I", magic)[0] == NBD_SIMPLE_REPLY_MAGIC:
+        error, cookie = struct.unpack(">IQ", c.recv(12))
+        n = ranges[cookie - first_cookie][1]
+        return cookie, error, None, c.recv(n) if error == 0 else b""
+    # Structured: push the magic back by handing recv_reply a socket view.
+    return _Prefixed(c, magic).recv_reply()
+
+
+class _Prefixed(RawClient):
+    """A RawClient whose first recv returns bytes already read."""
+
+    def __init__(self, c, prefix):
+        self.sock = c.sock
+        self._prefix = prefix
+
+    def recv(self, n):
+        if self._prefix:
+            head, self._prefix = self._prefix[:n], self._prefix[n:]
+            return head + (recv_exact(self.sock, n - len(head)) if n > len(head) else b"")
+        return recv_exact(self.sock, n)
