@@ -75,4 +75,28 @@ for rnd, structured in enumerate([False, True, False, True]):
     one_round(structured, rnd)
 w.shutdown()
 srv.check_alive()
+srv.stop()
+
+# The same with plugin calls on worker threads: lent there, released on
+# the connection's shard thread.
+mport = free_port()
+srv = Server(["ram", "size=256M"], opts=["--dispatch=worker", "--metrics", "127.0.0.1:%d" % mport])
+w = nbd_connect(srv)
+for rnd, structured in enumerate([True, False], start=4):
+    one_round(structured, rnd)
+w.shutdown()
+srv.stop()
+
+# A cache between protocol and plugin must see the data: nothing is lent
+# or placed, and the data is right.
+mport = free_port()
+srv = Server(["ram", "size=64M"], opts=["--cache", "8M", "--metrics", "127.0.0.1:%d" % mport])
+w = nbd_connect(srv)
+data = os.urandom(4 * MiB)
+w.pwrite(data, 0)
+check_eq(w.pread(4 * MiB, 0), data, "--cache: data reads back")
+m = metrics(mport)
+check_eq((m["blkd_lend_replies_total"], m["blkd_write_placed_total"]), (0, 0),
+         "--cache: nothing lent or placed")
+w.shutdown()
 print("lend race checks passed")
