@@ -177,6 +177,23 @@ conn_sendv (struct conn *c, struct iovec *iov, int n, int flags)
   return sendmsg (c->fd, &msg, MSG_NOSIGNAL | flags);
 }
 
+/* A send that failed with errno: 1 when the socket is full (wait for
+ * writability), 2 to try again (EINTR), -1 to close. */
+static int
+send_failed (struct conn *c, const char *what)
+{
+  if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    if (!c->stall_expired)
+      c->send_full = true;
+    return 1;
+  }
+  if (errno == EINTR)
+    return 2;
+  if (errno != EPIPE && errno != ECONNRESET)
+    log_error ("%s: %m", what);
+  return -1;
+}
+
 /* The head reply's file data (its header is out): the kernel sends it
  * from the page cache.  Returns as send_pending does, 2 to go on. */
 static int
@@ -184,18 +201,8 @@ send_file_part (struct conn *c, struct request *r)
 {
   off_t off = r->send_off;
   ssize_t sent = sendfile (c->fd, r->send_fd, &off, r->send_len);
-  if (sent < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!c->stall_expired)
-        c->send_full = true;
-      return 1;
-    }
-    if (errno == EINTR)
-      return 2;
-    if (errno != EPIPE && errno != ECONNRESET)
-      log_error ("sendfile: %m");
-    return -1;
-  }
+  if (sent < 0)
+    return send_failed (c, "sendfile");
   if (sent == 0) {
     /* The file shrank under the reply: the header promised bytes that do
      * not exist, and the stream cannot be resynchronised. */
@@ -263,16 +270,10 @@ send_pending (struct conn *c)
 
     ssize_t sent = conn_sendv (c, iov, n, flags);
     if (sent < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (!c->stall_expired)
-          c->send_full = true;
-        return 1;
-      }
-      if (errno == EINTR)
+      int r = send_failed (c, "send");
+      if (r == 2)
         continue;
-      if (errno != EPIPE && errno != ECONNRESET)
-        log_error ("send: %m");
-      return -1;
+      return r;
     }
 
     size_t left = sent;

@@ -290,6 +290,16 @@ ram_is_zero(const unsigned char *p, size_t n)
   return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
 }
 
+/* The piece of [offset, offset+count) inside one chunk: its bytes, with
+ * the chunk index and the offset inside it. */
+static uint32_t
+ram_piece(uint64_t offset, uint32_t count, uint64_t *chunk, uint32_t *in)
+{
+  *chunk = offset >> RAM_CHUNK_SHIFT;
+  *in = offset & (RAM_CHUNK - 1);
+  return RAM_CHUNK - *in < count ? RAM_CHUNK - *in : count;
+}
+
 static int
 ram_pread(void *handle, void *buf, uint32_t count, uint64_t offset,
           uint32_t flags)
@@ -297,9 +307,8 @@ ram_pread(void *handle, void *buf, uint32_t count, uint64_t offset,
   unsigned char *out = buf;
 
   while (count > 0) {
-    uint64_t chunk = offset >> RAM_CHUNK_SHIFT;
-    uint32_t in = offset & (RAM_CHUNK - 1);
-    uint32_t n = RAM_CHUNK - in < count ? RAM_CHUNK - in : count;
+    uint64_t chunk;
+    uint32_t in, n = ram_piece(offset, count, &chunk, &in);
     pthread_rwlock_t *lock = ram_stripe_of(chunk);
     unsigned char *p;
 
@@ -415,9 +424,8 @@ static int
 ram_clear(uint32_t count, uint64_t offset)
 {
   while (count > 0) {
-    uint64_t chunk = offset >> RAM_CHUNK_SHIFT;
-    uint32_t in = offset & (RAM_CHUNK - 1);
-    uint32_t n = RAM_CHUNK - in < count ? RAM_CHUNK - in : count;
+    uint64_t chunk;
+    uint32_t in, n = ram_piece(offset, count, &chunk, &in);
 
     if (n == RAM_CHUNK)
       ram_free_chunk(chunk, false);
@@ -534,9 +542,8 @@ ram_lend_pread(void *handle, uint32_t count, uint64_t offset, uint32_t flags,
 {
   lend->n = 0;
   while (count > 0) {
-    uint64_t chunk = offset >> RAM_CHUNK_SHIFT;
-    uint32_t in = offset & (RAM_CHUNK - 1);
-    uint32_t n = RAM_CHUNK - in < count ? RAM_CHUNK - in : count;
+    uint64_t chunk;
+    uint32_t in, n = ram_piece(offset, count, &chunk, &in);
     pthread_rwlock_t *lock = ram_stripe_of(chunk);
     unsigned char *p;
 
