@@ -143,6 +143,7 @@ request_free (struct conn *c, struct request *r)
   struct iobuf_pool *pool = c->shard->pool;
   delayacct_done (c, r);          /* counts, and the send time if fully sent */
   protocol_release (r);           /* lent memory or a placed payload goes back */
+  c->buf_bytes -= r->held;
   if (r->buf)
     c->buf_bytes -= r->buf->cap;
   iobuf_put (pool, r->buf);

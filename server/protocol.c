@@ -32,6 +32,7 @@ request_reset (struct request *r)
   r->niov = 0;
   r->iov_sent = 0;
   r->nlent = 0;
+  r->held = 0;
   r->placed = false;
   r->send_len = 0;
 }
@@ -557,6 +558,12 @@ protocol_payload_iov (struct request *r, uint32_t have, struct iovec *v, unsigne
 static bool
 place_payload (struct conn *c, struct request *r)
 {
+  /* Placed payloads count against the connection's share of buffer
+   * memory like pooled ones, so a client cannot make the plugin hold
+   * more fresh memory for it than the pool would: over its share, the
+   * write takes the pool path and waits there. */
+  if (c->buf_bytes && c->buf_bytes + r->count > cfg.iobuf_conn_cap)
+    return false;
   struct blkd_lend dst = { .iov = r->iov, .token = r->lent_token, .max = REQ_LEND_MAX };
   int err = plugin_pwrite_place (&c->pc, r->count, r->offset, r->flags & NBD_CMD_FLAG_FUA,
                                  &dst);
@@ -574,6 +581,8 @@ place_payload (struct conn *c, struct request *r)
     protocol_release (r);
     return false;
   }
+  r->held = r->count;
+  c->buf_bytes += r->held;          /* request_free gives it back */
   return true;
 }
 
