@@ -39,14 +39,15 @@ struct blkd_plugin_extension {
    * holds.  Until lend_release gets the tokens back, the memory must stay
    * mapped and hold this disk's bytes for that range, old or newer: never
    * freed, never reused for other data.  When more than lend->max pieces
-   * would be needed, take nothing back and fail with E2BIG.  On any
-   * failure nothing stays lent. */
+   * would be needed, fail with E2BIG.  On any failure nothing may stay
+   * lent: lend_release is not called for a failed lend_pread. */
   int (*lend_pread) (void *handle, uint32_t count, uint64_t offset,
                      uint32_t flags, struct blkd_lend *lend);
 
   /* The reply built from lent pieces is fully handed to the kernel (or
-   * its connection died).  Any thread, possibly after the handle that
-   * lent them was closed, always before unload. */
+   * its connection died): the tokens of one lend_pread come back once.
+   * Runs without the thread-model lock, on any thread, possibly after
+   * the handle that lent them was closed, always before unload. */
   void (*lend_release) (void *const *token, unsigned n);
 
   /* READ from a file the kernel can send itself (sendfile): the fd and
