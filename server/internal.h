@@ -138,6 +138,27 @@ int plugin_cache (struct plugin_conn *pc, uint32_t count, uint64_t offset);
 int plugin_extents (struct plugin_conn *pc, uint32_t count, uint64_t offset,
                     bool req_one, struct nbdkit_extents *e);
 
+/* blkd's extension (include/blkd-plugin.h): ENOTSUP when the plugin has
+ * no such call or a layer between protocol and plugin (the cache) must
+ * see the data; the caller then copies through plugin_pread/pwrite. */
+struct blkd_lend;
+bool plugin_can_lend (void);
+int plugin_pread_lend (struct plugin_conn *pc, uint32_t count, uint64_t offset,
+                       struct blkd_lend *l);
+void plugin_lend_release (void *const *token, unsigned n, uint32_t bytes);
+int plugin_pread_fd (struct plugin_conn *pc, uint32_t count, uint64_t offset, int *fd,
+                     uint64_t *file_offset);
+int plugin_pwrite_place (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua,
+                         struct blkd_lend *dst);
+int plugin_pwrite_commit (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua,
+                          struct blkd_lend *dst, bool ok);
+struct plugin_lend_stats {
+  uint64_t lent_bytes;            /* lent to replies not yet sent */
+  uint64_t lent_replies, sendfile_replies, placed_writes;   /* totals */
+  uint64_t placed_bytes;          /* placed payloads not yet committed */
+};
+void plugin_lend_stats (struct plugin_lend_stats *out);
+
 /* ---- buffers (iobuf.c) ---------------------------------------------- */
 
 struct iobuf {
@@ -160,6 +181,8 @@ size_t iobuf_pool_bytes (const struct iobuf_pool *p);
 /* ---- requests (protocol.c) ------------------------------------------ */
 
 #define REQ_MAX_CHUNKS 16         /* sparse read: data/hole chunks at most */
+/* Lent pieces one reply can carry: every iovec but the header's. */
+#define REQ_LEND_MAX   (2 * REQ_MAX_CHUNKS + 1)
 
 /* One request from header to reply.  Large (the reply headers live here)
  * and recycled by the pool without a memset: request_reset() sets exactly
@@ -180,6 +203,19 @@ struct request {
   unsigned niov, iov_sent;
   struct iovec iov[2 * REQ_MAX_CHUNKS + 2];
   uint8_t hdr[REQ_MAX_CHUNKS * 40 + 64];
+  /* Zero-copy (blkd's extension).  A lent READ's data iovecs point into
+   * the plugin's memory, and its tokens go back when the request is freed;
+   * a placed WRITE's payload arrives in iov[0..nlent) (the plugin's memory)
+   * and is committed or discarded; a sendfile READ sends send_len bytes of
+   * send_fd after its header iovecs. */
+  unsigned nlent;
+  uint32_t lent_bytes;
+  uint32_t held;                  /* placed bytes counted in conn buf_bytes */
+  bool placed;
+  int send_fd;
+  uint32_t send_len;
+  uint64_t send_off;
+  void *lent_token[REQ_LEND_MAX];
 };
 
 void request_reset (struct request *r);
@@ -190,6 +226,12 @@ void protocol_execute (struct request *r);
 /* Build r's reply iovecs from its result (shard thread). */
 void protocol_build_reply (struct request *r);
 uint32_t protocol_nbd_error (int err, const struct request *r);
+/* Where a WRITE's payload from byte `have` on goes: at most max iovecs
+ * (the pool buffer, or the pieces of a placed write); 0 when complete. */
+unsigned protocol_payload_iov (struct request *r, uint32_t have, struct iovec *v,
+                               unsigned max);
+/* The request's lent memory or placed payload goes back to the plugin. */
+void protocol_release (struct request *r);
 
 /* ---- connections (conn.c) ------------------------------------------- */
 

@@ -1382,10 +1382,14 @@ tls_sendv (struct conn *c, const struct iovec *iov, int n)
       len = iov[i].iov_len - off;
     }
     else {
-      /* Gather small pieces (and the start of a following payload) into
-       * one full record. */
+      /* Gather small pieces into one record.  A payload that fills a
+       * record by itself is not pulled in: it may be a plugin's lent
+       * memory, sealed in place by the next call, so a reply header goes
+       * out as its own small record (22 bytes of overhead) rather than
+       * as a 16 KiB copy of the payload's start. */
       size_t s = 0, o = off;
-      for (int j = i; j < n && s < TLS_RECORD; j++, o = 0) {
+      for (int j = i; j < n && s < TLS_RECORD && (j == i || iov[j].iov_len < TLS_RECORD);
+           j++, o = 0) {
         size_t k = iov[j].iov_len - o;
         if (k > TLS_RECORD - s)
           k = TLS_RECORD - s;
