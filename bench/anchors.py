@@ -264,6 +264,30 @@ def anchor_servers(tmp):
     return s, img
 
 
+DISK_FILE = "/var/tmp/blkd-bench-disk.img"
+
+
+def rawio_servers(tmp):
+    """O_DIRECT on a file on the machine's own disk: blkd's rawio against
+    qemu-nbd with the cache off and io_uring.  The file must be written well
+    before the run (a fresh file's write-back skews the first minutes)."""
+    if not os.path.exists(DISK_FILE):
+        raise SystemExit("write %s first, well before the run: dd if=/dev/zero of=%s "
+                         "bs=1M count=1024 oflag=direct" % (DISK_FILE, DISK_FILE))
+    return [
+        ("qemu-nbd io_uring direct", lambda p, t: [
+            "qemu-nbd", "-f", "raw", "--cache=none", "--aio=io_uring", "-b", "127.0.0.1",
+            "-p", str(p), "-x", "", "-t", "-e", "64", DISK_FILE]),
+        ("blkd rawio direct", blkd_server(BLKD, "rawio", "file=" + DISK_FILE, "direct=true")),
+    ], None
+
+
+RAWIO_WORKLOADS = [
+    ("4k randread QD32 (disk)", dict(rw="randread", bs="4k", iodepth=32, numjobs=1)),
+    ("256k read QD16 (disk)", dict(rw="read", bs="256k", iodepth=16, numjobs=1)),
+]
+
+
 def switch_servers(tmp):
     def b(*opts):
         return lambda p, t: [BLKD, "-f", "-i", "127.0.0.1", "-p", str(p)] + list(opts) + \
@@ -276,7 +300,7 @@ def switch_servers(tmp):
     ], None
 
 
-def run_part(title, servers_fn, workloads, rounds, seconds, baseline):
+def run_part(title, servers_fn, workloads, rounds, seconds, baseline, fill=True):
     tmp = tempfile.mkdtemp(prefix="blkd-bench.")
     specs, img = servers_fn(tmp)
     servers = []
@@ -287,7 +311,8 @@ def run_part(title, servers_fn, workloads, rounds, seconds, baseline):
             except Exception as e:
                 print("skipping %s: %s" % (name, e), file=sys.stderr)
         for s in servers:
-            prefill(s.uri)
+            if fill:
+                prefill(s.uri)
         results = {wl: {s.name: [] for s in servers} for wl, _ in workloads}
         for rnd in range(rounds):
             order = servers if rnd % 2 == 0 else list(reversed(servers))
@@ -347,7 +372,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)
-    ap.add_argument("--part", default="all", choices=["anchors", "targets", "switches", "all"])
+    ap.add_argument("--part", default="all", choices=["anchors", "targets", "rawio", "switches", "all"])
     ap.add_argument("--workloads", default=None,
                     help="comma-separated substrings: run only the matching workloads")
     ap.add_argument("--blkd", action="append", default=[], metavar="NAME=PATH",
@@ -388,6 +413,11 @@ def main():
         raw["anchors"] = res
         raw["iperf3_mib_s"] = iperf
         md.append(table(res, "nbdkit memory"))
+    if a.part == "rawio":
+        res = run_part("rawio", rawio_servers, RAWIO_WORKLOADS, a.rounds, a.seconds,
+                       "qemu-nbd io_uring direct", fill=False)
+        raw["rawio"] = res
+        md.append(table(res, "qemu-nbd io_uring direct"))
     if a.part == "targets":
         res = run_part("targets", target_servers, workloads, a.rounds, a.seconds, "nbdkit memory")
         raw["targets"] = res
