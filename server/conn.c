@@ -541,6 +541,7 @@ conn_on_read (evutil_socket_t fd, short what, void *arg)
   struct conn *c = arg;
   struct shard *s = c->shard;
   log_current = &c->log;
+  s->reads++;
   if (cfg.idle_timeout)
     c->t_active = now_ns ();       /* vDSO: no syscall */
   conn_pump (c, true);

@@ -61,6 +61,7 @@ struct blkd_config {
   unsigned max_connections;       /* --max-connections; 0: no limit */
   unsigned handshake_timeout;     /* --handshake-timeout seconds; 0: none */
   unsigned idle_timeout;          /* --idle-timeout seconds; 0: none */
+  unsigned poll_us;               /* --poll-us: spin this long after a read; 0: never */
 
   /* TLS (tls.c). */
   enum tls_mode tls;
@@ -352,6 +353,7 @@ struct shard {
   struct event *ev_sweep;         /* once a second: handshake/idle timeouts */
   struct queue *queue;            /* this shard's work queue (split mode) */
   bool draining;
+  uint64_t reads;                 /* read callbacks run: the poll window's signal */
   struct shard_stats *stats;      /* counters and delay accounting (delayacct.c) */
 };
 

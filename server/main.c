@@ -121,6 +121,8 @@ usage (FILE *f)
 "\n"
 "Engine:\n"
 "      --shards N         event-loop threads, one per core (default: online CPUs)\n"
+"      --poll-us N        after a read, look for the next request for N us\n"
+"                         before sleeping in epoll (default 0: sleep at once)\n"
 "  -t, --threads N        plugin worker threads per shard (default 16)\n"
 "      --max-request SIZE largest READ/WRITE accepted and advertised (default 32M)\n"
 "      --max-inflight N   requests in flight per connection before reading\n"
@@ -206,7 +208,7 @@ parse_choice (const char *opt, const char *arg, const char *const *choices)
 }
 
 enum {
-  OPT_RUN = 256, OPT_DUMP_PLUGIN, OPT_SHARDS, OPT_MAX_REQUEST, OPT_MAX_INFLIGHT,
+  OPT_RUN = 256, OPT_DUMP_PLUGIN, OPT_SHARDS, OPT_POLL_US, OPT_MAX_REQUEST, OPT_MAX_INFLIGHT,
   OPT_DISPATCH, OPT_IOBUF, OPT_IOBUF_MEM, OPT_QUEUE, OPT_SPARSE_READS,
   OPT_MAX_CONNECTIONS, OPT_HANDSHAKE_TIMEOUT, OPT_IDLE_TIMEOUT, OPT_TLS,
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_METRICS, OPT_DELAYACCT,
@@ -248,6 +250,7 @@ static const struct option long_opts[] = {
   { "run", required_argument, NULL, OPT_RUN },
   { "dump-plugin", no_argument, NULL, OPT_DUMP_PLUGIN },
   { "shards", required_argument, NULL, OPT_SHARDS },
+  { "poll-us", required_argument, NULL, OPT_POLL_US },
   { "max-request", required_argument, NULL, OPT_MAX_REQUEST },
   { "max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT },
   { "dispatch", required_argument, NULL, OPT_DISPATCH },
@@ -486,6 +489,7 @@ main (int argc, char **argv)
     case OPT_RUN: cfg.run_cmd = optarg; cfg.foreground = true; break;
     case OPT_DUMP_PLUGIN: dump = true; break;
     case OPT_SHARDS: cfg.shards = parse_int_opt ("--shards", optarg, 1, 1024); break;
+    case OPT_POLL_US: cfg.poll_us = parse_int_opt ("--poll-us", optarg, 0, 1000000); break;
     case OPT_MAX_REQUEST:
       cfg.max_request = parse_size_opt ("--max-request", optarg, 512, 1u << 30);
       break;
