@@ -63,6 +63,7 @@ struct bp_opts {
   bool quiet;                    /* no progress line */
   bool io_libnbd;                /* --io=libnbd: libnbd's aio loop, not wire.c */
   const char *plot;              /* --plot FILE.svg */
+  const char *label[2];          /* --label: A's and B's names on the chart */
   /* TLS, applied to every handle before nbd_connect_uri. */
   const char *tls_certificates, *tls_psk, *tls_username;
   bool tls_verify_peer, tls_verify_set, tls_any;
@@ -292,6 +293,7 @@ enum bp_wire_phase { BP_WIRE_HDR, BP_WIRE_DATA };
 struct bp_wire {
   int fd, saved_flags;
   bool flags_changed, structured, dead;
+  bool big_reads;                  /* read payloads >= 64 KiB: headers alone */
   unsigned depth, inflight;
   struct bp_wire_req *req;
   struct iovec *iov;               /* queued, not yet sent */
@@ -309,8 +311,10 @@ struct bp_wire {
 typedef void bp_wire_done_fn (void *opaque, uint32_t slot, int error);
 
 /* Takes over a connected socket (libnbd's, negotiated and idle): makes it
- * blocking with a 200 ms receive timeout.  -1 with errno on failure. */
-int bp_wire_init (struct bp_wire *w, int fd, bool structured, unsigned depth);
+ * blocking with a 200 ms receive timeout.  big_reads: reads of at least
+ * 64 KiB are coming, receive their headers alone.  -1 with errno on failure. */
+int bp_wire_init (struct bp_wire *w, int fd, bool structured, unsigned depth,
+                  bool big_reads);
 /* Restores the socket's flags and frees the buffers. */
 void bp_wire_free (struct bp_wire *w);
 /* Queues a request under handle SLOT (< depth, not in flight). */

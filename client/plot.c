@@ -125,14 +125,15 @@ bp_plot_tput_block (FILE *f, const struct bp_opts *o, const struct bp_result *r,
 }
 
 static void
-bp_plot_series (FILE *f, char side, const char *what, const char *color,
-                const struct bp_result *r, bool last)
+bp_plot_series (FILE *f, const struct bp_opts *o, char side, const char *what,
+                const char *color, const struct bp_result *r, bool last)
 {
+  const char *name = o->label[side - 'A'] ? o->label[side - 'A'] : r->tgt.uri;
   fprintf (f, "  $%c_%s using 1:3:4 with filledcurves lc rgb '%s' notitle, \\\n", side, what, color);
   fprintf (f, "  $%c_%s using 1:2 with linespoints pt 7 ps 0.5 lw 2 lc rgb '%s' title ",
            side, what, color);
   char label[700];
-  snprintf (label, sizeof label, "%s: %s", side == 'A' ? "A (before)" : "B (after)", r->tgt.uri);
+  snprintf (label, sizeof label, "%s: %s", side == 'A' ? "A (before)" : "B (after)", name);
   bp_plot_str (f, label);
   fputs (last ? "\n" : ", \\\n", f);
 }
@@ -180,9 +181,9 @@ bp_plot_script (FILE *f, const struct bp_opts *o, const struct bp_result *a,
   snprintf (t1, sizeof t1, "Latency by percentile (%s)", band);
   bp_plot_str (f, t1);
   fputs ("\nplot \\\n", f);
-  bp_plot_series (f, 'A', "lat", "#1f77b4", a, !b);
+  bp_plot_series (f, o, 'A', "lat", "#1f77b4", a, !b);
   if (b)
-    bp_plot_series (f, 'B', "lat", "#d62728", b, true);
+    bp_plot_series (f, o, 'B', "lat", "#d62728", b, true);
   unsigned maxsec = 0;
   for (unsigned k = 0; k < a->nts; k++)
     if (a->ts[k].sec > maxsec)
@@ -197,9 +198,9 @@ bp_plot_script (FILE *f, const struct bp_opts *o, const struct bp_result *a,
   fputs ("\nset title ", f);
   bp_plot_str (f, t2);
   fputs ("\nplot \\\n", f);
-  bp_plot_series (f, 'A', "tput", "#1f77b4", a, !b);
+  bp_plot_series (f, o, 'A', "tput", "#1f77b4", a, !b);
   if (b)
-    bp_plot_series (f, 'B', "tput", "#d62728", b, true);
+    bp_plot_series (f, o, 'B', "tput", "#d62728", b, true);
   fputs ("unset multiplot\n", f);
 }
 

@@ -64,11 +64,12 @@ bp_wire_fail (struct bp_wire *w, const char *fmt, const char *detail)
 }
 
 int
-bp_wire_init (struct bp_wire *w, int fd, bool structured, unsigned depth)
+bp_wire_init (struct bp_wire *w, int fd, bool structured, unsigned depth, bool big_reads)
 {
   memset (w, 0, sizeof *w);
   w->fd = fd;
   w->structured = structured;
+  w->big_reads = big_reads;
   w->depth = depth;
   w->req = calloc (depth, sizeof *w->req);
   w->iov = calloc (2 * (size_t) depth + 1, sizeof *w->iov);
@@ -362,7 +363,15 @@ bp_wire_recv (struct bp_wire *w, bp_wire_done_fn *done, void *opaque)
       w->rx_tail -= w->rx_head;
       w->rx_head = 0;
     }
-    got = recv (w->fd, w->rx + w->rx_tail, BP_WIRE_RXBUF - w->rx_tail, 0);
+    size_t want = BP_WIRE_RXBUF - w->rx_tail;
+    if (w->big_reads) {
+      /* Large reads: take just the header (and a data chunk's offset), so
+       * that the payload behind it lands in its buffer with one copy, not
+       * first here and then again there. */
+      size_t need = w->structured ? 28 : 16, have = w->rx_tail - w->rx_head;
+      want = have < need ? need - have : need;
+    }
+    got = recv (w->fd, w->rx + w->rx_tail, want, w->big_reads ? MSG_WAITALL : 0);
     if (got > 0) {
       w->rx_tail += (size_t) got;
       return bp_wire_parse (w, done, opaque) == -1 ? -1 : 1;

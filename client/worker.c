@@ -514,7 +514,8 @@ bp_conn_run (struct bp_conn *c)
   }
   int fd = nbd_aio_get_fd (c->h);
   int sr = nbd_get_structured_replies_negotiated (c->h);
-  if (fd < 0 || sr < 0 || bp_wire_init (&c->wire, fd, sr == 1, c->depth) == -1) {
+  if (fd < 0 || sr < 0 || bp_wire_init (&c->wire, fd, sr == 1, c->depth,
+                                                  c->bs >= 65536 && bp_test_reads (c->test)) == -1) {
     snprintf (c->err, sizeof c->err, "taking over the connection: %s",
               fd < 0 || sr < 0 ? nbd_get_error () : strerror (errno));
     c->failed = true;

@@ -99,8 +99,9 @@ EOF
 check_chart "$TMP/cmp.svg" "$TMP/cmp.png" A B || fail "compare chart incomplete"
 
 # A single run charts A alone, over its iterations.
-"$BLKPERF" -t STREAM_READ -l 4 -i 2,2 --quiet --plot "$TMP/run.svg" "$A" >/dev/null \
-  || fail "run --plot failed"
+"$BLKPERF" -t STREAM_READ -l 4 -i 2,2 --quiet --plot "$TMP/run.svg" --label "memory plugin" \
+  "$A" >/dev/null || fail "run --plot failed"
+grep -q "A (before): memory plugin" "$TMP/run.svg" || fail "--label not on the chart"
 rsvg-convert -o "$TMP/run.png" "$TMP/run.svg" || fail "the single-run SVG does not render"
 check_chart "$TMP/run.svg" "$TMP/run.png" A || fail "single-run chart incomplete"
 
