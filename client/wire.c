@@ -159,8 +159,15 @@ bp_wire_flush (struct bp_wire *w)
     if (s < 0) {
       if (errno == EINTR)
         continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK)
-        return 0;                /* the rest goes when poll says POLLOUT */
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        /* The rest goes when poll says POLLOUT.  Move it to the front:
+         * the array has room for every request in flight, not for the
+         * ones already sent as well. */
+        memmove (w->iov, &w->iov[w->iov_head], (w->niov - w->iov_head) * sizeof *w->iov);
+        w->niov -= w->iov_head;
+        w->iov_head = 0;
+        return 0;
+      }
       return bp_wire_fail (w, "connection lost while sending: %s", strerror (errno));
     }
     size_t left = (size_t) s;

@@ -56,6 +56,16 @@ for t in STREAM_READ STREAM_WRITE RAND_RW CHURN; do
     || fail "$t: requests or errors wrong"
 done
 
+# Large writes fill the socket: sendmsg sends part of a batch and the
+# rest waits for POLLOUT while new requests queue behind it.
+for t in "STREAM_WRITE -b 1M -q 8" "RAND_RW -b 256k -q 32"; do
+  # shellcheck disable=SC2086
+  "$BLKPERF" --json --quiet -t $t --span 256M -n 1500 "$URI" >"$TMP/big.json" \
+    || fail "$t: large writes failed"
+  [ "$(field "$TMP/big.json" 'd["requests"] == 1500 and d["errors"] == 0')" = True ] \
+    || fail "$t: requests or errors wrong"
+done
+
 # Simple replies only (nbdkit --no-sr): reads carry their data inline.
 start_server nbdkit --no-sr memory 1G
 for t in STREAM_READ RAND_READ RAND_WRITE; do
