@@ -332,19 +332,56 @@ bp_next (struct bp_conn *c, uint64_t *off, int *op)
   }
 }
 
-static int
-bp_issue (struct bp_conn *c, uint64_t off, int op, bool counted)
+/* A server that answers nothing for this long is stuck, not slow; NBD
+ * has no timeout of its own and a benchmark must end. */
+#define BP_GIVE_UP_NS (30ull * 1000000000u)
+
+static inline bool
+bp_stopping (const struct bp_conn *c, uint64_t now)
 {
-  uint32_t idx = c->free[--c->nfree];
-  struct bp_slot *s = &c->slots[idx];
+  return bp_interrupted || c->failed || (!c->count_mode && now >= c->we)
+         || (c->count_mode && c->quota == 0);
+}
+
+/* True (and the connection failed) when requests wait with no reply. */
+static bool
+bp_stalled (struct bp_conn *c, uint64_t now)
+{
+  if (c->inflight == 0 || now - c->last_any_ns <= BP_GIVE_UP_NS)
+    return false;
+  snprintf (c->err, sizeof c->err,
+            "no reply for 30 s with %u requests in flight; giving up", c->inflight);
+  c->failed = true;
+  return true;
+}
+
+/* Takes a free slot for the next request, stamped `now` and counted in
+ * flight; NULL when none may be issued right now. */
+static inline struct bp_slot *
+bp_take (struct bp_conn *c, uint64_t now, uint64_t *off)
+{
+  int op;
+  if (!bp_next (c, off, &op))
+    return NULL;
+  struct bp_slot *s = &c->slots[c->free[--c->nfree]];
+  s->op = (uint8_t) op;
+  s->counted = c->count_mode && now >= c->ws;
+  s->t_issue = now;
+  c->inflight++;
+  return s;
+}
+
+/* libnbd's loop: the slot was counted in flight before the call, since
+ * libnbd may read replies (and so run bp_on_done for earlier requests)
+ * while it sends this one. */
+static int
+bp_issue (struct bp_conn *c, struct bp_slot *s, uint64_t off)
+{
+  uint32_t idx = s->idx;
+  int op = s->op;
   nbd_completion_callback cb = { .callback = bp_on_done, .user_data = s };
   int64_t r;
 
-  s->op = (uint8_t) op;
-  s->counted = counted;
-  /* Counted in flight before the call: libnbd may read replies (and so
-   * run bp_on_done for earlier requests) while it sends this one. */
-  c->inflight++;
   s->t_issue = bp_now_ns ();
   switch (op) {
   case BP_OP_READ:
@@ -387,26 +424,17 @@ bp_publish (struct bp_conn *c, uint64_t now)
 static void
 bp_conn_loop (struct bp_conn *c)
 {
-  /* A server that answers nothing for this long is stuck, not slow; NBD
-   * has no timeout of its own and a benchmark must end. */
-  const uint64_t give_up_ns = 30ull * 1000000000u;
   c->last_any_ns = bp_now_ns ();
   for (;;) {
-    uint64_t now = bp_now_ns ();
-    bool stop = bp_interrupted || c->failed
-                || (!c->count_mode && now >= c->we)
-                || (c->count_mode && c->quota == 0);
-    while (!stop && c->nfree > 0) {
-      uint64_t off;
-      int op;
-      if (!bp_next (c, &off, &op))
-        break;
-      bool counted = c->count_mode && now >= c->ws;
-      if (bp_issue (c, off, op, counted) == -1) {
+    uint64_t now = bp_now_ns (), off;
+    bool stop = bp_stopping (c, now);
+    struct bp_slot *s;
+    while (!stop && c->nfree > 0 && (s = bp_take (c, now, &off))) {
+      if (bp_issue (c, s, off) == -1) {
         c->failed = true;
         break;
       }
-      if (counted && --c->quota == 0)
+      if (s->counted && --c->quota == 0)
         break;
     }
     if (c->inflight == 0) {
@@ -423,12 +451,8 @@ bp_conn_loop (struct bp_conn *c)
     }
     uint64_t after = bp_now_ns ();
     bp_publish (c, after);
-    if (c->inflight > 0 && after - c->last_any_ns > give_up_ns) {
-      snprintf (c->err, sizeof c->err,
-                "no reply for 30 s with %u requests in flight; giving up", c->inflight);
-      c->failed = true;
+    if (bp_stalled (c, after))
       break;
-    }
   }
 }
 
@@ -453,29 +477,16 @@ bp_wire_done (void *opaque, uint32_t slot, int error)
 static void
 bp_conn_loop_wire (struct bp_conn *c)
 {
-  const uint64_t give_up_ns = 30ull * 1000000000u;
   struct bp_wire *w = &c->wire;
   struct bp_wire_ctx x = { .c = c };
-  uint64_t now = bp_now_ns ();
+  uint64_t now = bp_now_ns (), off;
   c->last_any_ns = now;
   for (;;) {
-    bool stop = bp_interrupted || c->failed
-                || (!c->count_mode && now >= c->we)
-                || (c->count_mode && c->quota == 0);
-    while (!stop && c->nfree > 0) {
-      uint64_t off;
-      int op;
-      if (!bp_next (c, &off, &op))
-        break;
-      bool counted = c->count_mode && now >= c->ws;
-      uint32_t idx = c->free[--c->nfree];
-      struct bp_slot *s = &c->slots[idx];
-      s->op = (uint8_t) op;
-      s->counted = counted;
-      s->t_issue = now;
-      c->inflight++;
-      bp_wire_queue (w, idx, op, off, (uint32_t) c->bs, s->rbuf, s->wbuf);
-      if (counted && --c->quota == 0)
+    bool stop = bp_stopping (c, now);
+    struct bp_slot *s;
+    while (!stop && c->nfree > 0 && (s = bp_take (c, now, &off))) {
+      bp_wire_queue (w, s->idx, s->op, off, (uint32_t) c->bs, s->rbuf, s->wbuf);
+      if (s->counted && --c->quota == 0)
         break;
     }
     if (bp_wire_flush (w) == -1)
@@ -486,17 +497,12 @@ bp_conn_loop_wire (struct bp_conn *c)
       continue;                  /* a CHURN pass just drained */
     }
     x.now = 0;
-    int r = bp_wire_recv (w, bp_wire_done, &x);
-    if (r == -1)
+    if (bp_wire_recv (w, bp_wire_done, &x) == -1)
       break;
     now = x.now ? x.now : bp_now_ns ();
     bp_publish (c, now);
-    if (c->inflight > 0 && now - c->last_any_ns > give_up_ns) {
-      snprintf (c->err, sizeof c->err,
-                "no reply for 30 s with %u requests in flight; giving up", c->inflight);
-      c->failed = true;
+    if (bp_stalled (c, now))
       return;
-    }
   }
   snprintf (c->err, sizeof c->err, "%s", w->err);
   c->failed = true;
