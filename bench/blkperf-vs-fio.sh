@@ -26,11 +26,13 @@ if [ "$COUNT" = 1 ] && ! command -v perf >/dev/null; then
   echo "COUNT=1 needs perf (Debian: linux-perf)" >&2; exit 1
 fi
 
-ROUNDS=$ROUNDS LEN=$LEN TARGETS=$TARGETS COUNT=$COUNT BLKD=$BLKD BLKPERF=$BLKPERF OUT=$OUT \
+TOP=$top ROUNDS=$ROUNDS LEN=$LEN TARGETS=$TARGETS COUNT=$COUNT BLKD=$BLKD BLKPERF=$BLKPERF OUT=$OUT \
 /usr/bin/python3 - <<'EOF'
-import json, os, socket, statistics, subprocess, sys, tempfile, time
+import json, os, statistics, subprocess, sys, tempfile, time
 
 env = os.environ
+sys.path.insert(0, os.path.join(env["TOP"], "bench"))
+from anchors import free_port, wait_port  # noqa: E402
 rounds, length, count = int(env["ROUNDS"]), env["LEN"], env["COUNT"] == "1"
 null_so = subprocess.run(["nbdkit", "--dump-config"], capture_output=True, text=True,
                          check=True).stdout
@@ -50,26 +52,16 @@ LOADS = [  # name, blkperf test, fio rw, block size, depth, metric
 ]
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def start(target):
     port = free_port()
     argv = [a.replace("{port}", str(port)) for a in TARGETS[target]]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(400):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, "nbd://127.0.0.1:%d" % port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    sys.exit("%s did not start: %s" % (target, " ".join(argv)))
+    try:
+        wait_port(port, proc)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc, "nbd://127.0.0.1:%d" % port
 
 
 def perf_wrap(argv, statfile):
