@@ -38,7 +38,7 @@ start_server nbdkit null 8G
 # 4k reads: many replies per recv and one sendmsg per batch of refills.
 # 256k reads: a header recv and a payload recv per reply, one sendmsg per
 # refill; libnbd makes four recvs, a send and a poll.
-for t in "RAND_READ -b 4k -q 32:1.0:4" "STREAM_READ -b 256k -q 16:3.5:1.5"; do
+for t in "RAND_READ -b 4k -q 32:1.5:3" "STREAM_READ -b 256k -q 16:3.5:1.5"; do
   IFS=: read -r args most times <<<"$t"
   # shellcheck disable=SC2086
   w=$(syscalls wire -t $args -n 20000 "$URI")
