@@ -247,6 +247,7 @@ struct bp_result {
   char remote_err[256];              /* last scrape failure, for the report */
   bool interrupted;
   bool failed;                       /* a connection died or could not start */
+  bool wire;                         /* the request loop was wire.c's */
   struct bp_tsample *ts;             /* per-second throughput, all iterations */
   unsigned nts, tscap;
 };

@@ -929,6 +929,7 @@ bp_iteration (const struct bp_opts *o, const struct bp_target *t, enum bp_test t
   it->lat_p999_us = bp_hist_quantile_us (h, 0.999);
   for (int k = 0; k < BP_NQ; k++)
     it->lat_q_us[k] = bp_hist_quantile_us (h, bp_plot_q[k]);
+  r->wire = bp_conns[0].use_wire;
   it->rcvbuf = bp_conns[0].rcvbuf;
   it->sndbuf = bp_conns[0].sndbuf;
   bp_hist_merge (&r->hist, h);

@@ -44,6 +44,8 @@ for t in "RAND_READ -b 4k -q 32:1.5:3" "STREAM_READ -b 256k -q 16:3.5:1.5"; do
   w=$(syscalls wire -t $args -n 20000 "$URI")
   # shellcheck disable=SC2086
   l=$(syscalls libnbd --io=libnbd -t $args -n 20000 "$URI")
+  [ "$(field "$TMP/wire.json" 'd["io"]')" = wire ] && [ "$(field "$TMP/libnbd.json" 'd["io"]')" = libnbd ] \
+    || fail "the JSON does not say which request loop ran"
   echo "$args: syscalls per request: wire $w, libnbd $l"
   "$PY" -c "import sys; sys.exit(0 if $w <= $most and $w * $times <= $l else 1)" \
     || fail "$args: wire.c made $w syscalls per request (libnbd $l)"
