@@ -168,7 +168,8 @@ bp_plot_script (FILE *f, const struct bp_opts *o, const struct bp_result *a,
   else
     snprintf (band, sizeof band, "one iteration: no interval (use -i)");
   fputs ("set grid xtics ytics mytics lc rgb '#d8d8d8'\n"
-         "set key below nobox\n"
+         /* The curve rises to the right: its top left is empty. */
+         "set key top left inside opaque box lc rgb '#bbbbbb'\n"
          "set format y '%g'\n"
          "set style fill transparent solid 0.22 noborder\n"
          "set border 3\nset xtics nomirror\nset ytics nomirror\n"
@@ -195,7 +196,8 @@ bp_plot_script (FILE *f, const struct bp_opts *o, const struct bp_result *a,
   bp_plot_str (f, iops ? "IOPS" : "MiB/s");
   char t2[320];
   snprintf (t2, sizeof t2, "%s per second (%s)", iops ? "IOPS" : "Throughput", band);
-  fputs ("\nset title ", f);
+  /* Rates fill the panel's middle: the key goes under the axis. */
+  fputs ("\nset key below nobox noopaque\nset title ", f);
   bp_plot_str (f, t2);
   fputs ("\nplot \\\n", f);
   bp_plot_series (f, o, 'A', "tput", "#1f77b4", a, !b);

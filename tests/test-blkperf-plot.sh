@@ -28,19 +28,25 @@ svg, png, *sides = sys.argv[1:]
 text = open(svg).read()
 def fail(msg):
     print("FAIL: " + msg); sys.exit(1)
-# gnuplot's SVG puts each series of a panel in a <g id="gnuplot_plot_N?">
-# group holding its key entry (the title text) and its data path: cut the
-# file at those ids and look for each side's title next to a path of at
-# least three points (a key sample is two), once per panel.
-parts = re.split(r'<g id="gnuplot_plot_[0-9]+[a-z]"', text)[1:]
+# gnuplot's SVG names each series of a panel <g id="gnuplot_plot_N?"> (the
+# letter is the panel); the group holds its key entry (the title text) and
+# its data path, or with an opaque key there are two groups of that id, the
+# key's and the data's.  So: per id, the side's title in one of its groups
+# and a path of at least three points (a key sample has two) in one of
+# them, in both panels.
+parts = re.split(r'<g id="gnuplot_plot_([0-9]+[a-z])"', text)
+byid = {}
+for i in range(1, len(parts) - 1, 2):
+    byid.setdefault(parts[i], []).append(parts[i + 1])
 colours = {"A": (0x1f, 0x77, 0xb4), "B": (0xd6, 0x27, 0x28)}
 for side in sides:
     label = {"A": "A (before)", "B": "B (after)"}[side]
-    drawn = sum(1 for body in parts if label in body and any(
-        len(re.findall(r"[ML][0-9.]+,[0-9.]+", d)) >= 3
-        for d in re.findall(r" d='([^']*)'", body)))
-    if drawn < 2:
-        fail("series %s is not drawn in both panels (%d)" % (label, drawn))
+    panels = {sid[-1] for sid, bodies in byid.items()
+              if any(label in b for b in bodies) and any(
+                  len(re.findall(r"[ML][0-9.]+,[0-9.]+", d)) >= 3
+                  for b in bodies for d in re.findall(r" d='([^']*)'", b))}
+    if len(panels) < 2:
+        fail("series %s is not drawn in both panels (%s)" % (label, sorted(panels)))
 for title in ("Latency by percentile", "per second"):
     if title not in text:
         fail("panel title %r missing" % title)
