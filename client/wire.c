@@ -349,7 +349,9 @@ bp_wire_recv (struct bp_wire *w, bp_wire_done_fn *done, void *opaque)
   if (w->phase == BP_WIRE_DATA && w->left >= BP_WIRE_DIRECT
       && w->rx_head == w->rx_tail) {
     /* MSG_WAITALL: one call for the whole payload; the receive timeout
-     * still returns what came so far. */
+     * still returns what came so far.  Limit: with writes still queued
+     * (RAND_RW), a server that finished this reply only after reading
+     * them would cost us up to that timeout, not a deadlock. */
     got = recv (w->fd, w->dst, w->left, MSG_WAITALL);
     if (got > 0) {
       w->dst += got;
