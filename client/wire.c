@@ -81,11 +81,12 @@ bp_wire_init (struct bp_wire *w, int fd, bool structured, unsigned depth, bool b
    * ^C or a stalled server is noticed.  Sends use MSG_DONTWAIT. */
   int fl = fcntl (fd, F_GETFL);
   struct timeval tv = { .tv_sec = 0, .tv_usec = 200000 };
-  if (fl == -1 || fcntl (fd, F_SETFL, fl & ~O_NONBLOCK) == -1
-      || setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == -1)
+  if (fl == -1 || fcntl (fd, F_SETFL, fl & ~O_NONBLOCK) == -1)
     goto fail;
   w->saved_flags = fl;
-  w->flags_changed = true;
+  w->flags_changed = true;       /* from here on, bp_wire_free restores them */
+  if (setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == -1)
+    goto fail;
   return 0;
 
  fail:;
