@@ -307,6 +307,7 @@ void conn_close_now (struct conn *c);
 
 int tls_setup (void);             /* start-up: -1 after printing why */
 void tls_cleanup (void);
+int tls_reload (void);            /* SIGHUP: re-read the credential files; -1 keeps the old */
 int tls_start (struct conn *c);   /* STARTTLS accepted: make the session */
 void tls_free (struct conn *c);
 /* The transport under conn.c once c->tls is set: -1 with errno EAGAIN

@@ -53,6 +53,17 @@ on_signal (int sig)
   server_request_stop ();
 }
 
+/* SIGHUP, on the main loop (not in the handler: reading files and
+ * building an OpenSSL context are not async-signal-safe). */
+static void
+on_sighup (evutil_socket_t fd, short what, void *arg)
+{
+  if (cfg.tls == TLS_OFF)
+    log_info ("SIGHUP: TLS is off, no credentials to reload");
+  else
+    tls_reload ();
+}
+
 static void
 on_stop (evutil_socket_t fd, short what, void *arg)
 {
@@ -109,6 +120,8 @@ usage (FILE *f)
 "  -g, --group GROUP      bound, before any client; GROUP likewise\n"
 "      --exit-with-parent exit (cleanly) when the parent process exits (implies -f)\n"
 "  -v, --verbose          debug messages (and nbdkit_debug from plugins)\n"
+"      --log DEST         stderr, syslog or null (default: stderr in the\n"
+"                         foreground, syslog once forked into the background)\n"
 "  -D, --debug NAME.FLAG=N  set the plugin's NAME_debug_FLAG variable to N\n"
 "                         (nbdkit.* flags are accepted and have no effect)\n"
 "      --run CMD          run CMD with $uri, $nbd, $port, $unixsocket,\n"
@@ -214,7 +227,7 @@ enum {
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_METRICS, OPT_DELAYACCT,
   OPT_CACHE, OPT_CACHE_BLOCK, OPT_CACHE_MODE, OPT_CACHE_CTOR,
   OPT_EXIT_WITH_PARENT, OPT_MASK_HANDSHAKE, OPT_NO_SR, OPT_PRINT_URI, OPT_SELINUX_LABEL,
-  OPT_VSOCK,
+  OPT_VSOCK, OPT_LOG,
 };
 
 static const struct option long_opts[] = {
@@ -272,6 +285,7 @@ static const struct option long_opts[] = {
   { "cache-block", required_argument, NULL, OPT_CACHE_BLOCK },
   { "cache-mode", required_argument, NULL, OPT_CACHE_MODE },
   { "cache-ctor", required_argument, NULL, OPT_CACHE_CTOR },
+  { "log", required_argument, NULL, OPT_LOG },
   { NULL, 0, NULL, 0 },
 };
 
@@ -322,6 +336,7 @@ daemonize (void)
     if (fd > STDERR_FILENO)
       close (fd);
   }
+  log_daemonized ();
   return 0;
 }
 
@@ -446,7 +461,7 @@ main (int argc, char **argv)
   const char *user = NULL, *group = NULL;
   pid_t parent = getppid ();
   int c, exit_code = EXIT_SUCCESS;
-  struct event *ev_stop = NULL, *ev_chld = NULL;
+  struct event *ev_stop = NULL, *ev_chld = NULL, *ev_hup = NULL;
   long ncpu = sysconf (_SC_NPROCESSORS_ONLN);
   uint64_t iobuf_mem = 1024ull * 1024 * 1024;
 
@@ -560,6 +575,10 @@ main (int argc, char **argv)
     case OPT_CACHE_CTOR:
       cfg.cache_ctor = parse_bool_opt (optarg);
       break;
+    case OPT_LOG:
+      log_set_dest (parse_choice ("--log", optarg, (const char *const[]) {
+          "stderr", "syslog", "null", NULL }));
+      break;
     default:
       usage (stderr);
       return EXIT_FAILURE;
@@ -622,6 +641,7 @@ main (int argc, char **argv)
   sigemptyset (&sa.sa_mask);
   sigaction (SIGINT, &sa, NULL);
   sigaction (SIGTERM, &sa, NULL);
+  sigaction (SIGQUIT, &sa, NULL);
   if (exit_with_parent && set_exit_with_parent (parent) == -1)
     return EXIT_FAILURE;
   if (plugin_load (plugin, pargc, pargv) == -1) {
@@ -668,6 +688,10 @@ main (int argc, char **argv)
   }
   if (!cfg.foreground && !cfg.socket_activated && daemonize () == -1)
     return EXIT_FAILURE;
+  /* SIGHUP reloads (on_sighup); until that handler is in place, one that
+   * comes early is dropped rather than killing us half started.  Not
+   * before this: --run's command, started above, must not inherit it. */
+  signal (SIGHUP, SIG_IGN);
   if (write_pidfile () == -1 || plugin_after_fork () == -1 || cache_setup () == -1) {
     exit_code = EXIT_FAILURE;
     goto out_listen;
@@ -687,6 +711,8 @@ main (int argc, char **argv)
   sigemptyset (&block);
   sigaddset (&block, SIGINT);
   sigaddset (&block, SIGTERM);
+  sigaddset (&block, SIGQUIT);
+  sigaddset (&block, SIGHUP);
   sigaddset (&block, SIGCHLD);
   pthread_sigmask (SIG_BLOCK, &block, &old);
   int r = shard_start_all ();
@@ -698,8 +724,10 @@ main (int argc, char **argv)
 
   ev_stop = event_new (main_base, stop_fd, EV_READ | EV_PERSIST, on_stop, NULL);
   ev_chld = evsignal_new (main_base, SIGCHLD, on_sigchld, NULL);
+  ev_hup = evsignal_new (main_base, SIGHUP, on_sighup, NULL);
   if (!ev_stop || event_add (ev_stop, NULL) == -1 || !ev_chld
-      || event_add (ev_chld, NULL) == -1 || listen_start (main_base) == -1) {
+      || event_add (ev_chld, NULL) == -1 || !ev_hup || event_add (ev_hup, NULL) == -1
+      || listen_start (main_base) == -1) {
     fprintf (stderr, "blkd: cannot start listening: %m\n");
     exit_code = EXIT_FAILURE;
     goto out_events;
@@ -708,9 +736,8 @@ main (int argc, char **argv)
     exit_code = EXIT_FAILURE;
     goto out_events;
   }
-  if (cfg.foreground && !cfg.run_cmd && !cfg.single)
-    fprintf (stderr, "blkd: serving %s on %s (%d shards)\n", plugin_name (), listen_uri (),
-             cfg.shards);
+  if (!cfg.run_cmd && !cfg.single)
+    log_info ("serving %s on %s (%d shards)", plugin_name (), listen_uri (), cfg.shards);
   if (daemon_ready_fd >= 0) {
     if (write (daemon_ready_fd, "", 1) != 1)
       log_warn ("could not tell the parent we are ready: %m");
@@ -736,6 +763,8 @@ out_events:
     event_free (ev_stop);
   if (ev_chld)
     event_free (ev_chld);
+  if (ev_hup)
+    event_free (ev_hup);
 out_shards:
   atomic_store (&server_stopping, true);
   shard_stop_all ();
