@@ -26,8 +26,14 @@ for sig in TERM INT QUIT; do
   SERVER_PIDS+=("$pid")
   wait_socket "$SOCK"
   expect_eq "$(nbdinfo --size "nbd+unix:///?socket=$SOCK")" 1048576 "served before SIG$sig"
+  # A background job of a script starts with SIGINT and SIGQUIT ignored,
+  # so a blkd without its own handler would never go: bound the wait.
+  ( sleep 120; kill -KILL "$pid" 2>/dev/null ) &
+  watchdog=$!
   kill -s "$sig" "$pid"
   rc=0; wait "$pid" || rc=$?
+  kill "$watchdog" 2>/dev/null || true
+  [ "$rc" != 137 ] || fail "SIG$sig did not stop blkd (killed after 120 s)"
   expect_eq "$rc" 0 "exit status after SIG$sig"
   [ ! -e "$SOCK" ] || fail "SIG$sig left the Unix socket $SOCK behind"
   ok "SIG$sig removed the Unix socket"

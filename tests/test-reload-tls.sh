@@ -113,6 +113,7 @@ reload() {
   kill -HUP "$SERVER_PID"
   for _ in $(seq 600); do
     [ "$(grep -c "$line" "$TMP/server.log" || true)" -gt "$before" ] && break
+    server_alive || { tail -5 "$TMP/server.log"; fail "$what: the server died of SIGHUP"; }
     sleep 0.1
   done
   [ "$(grep -c "$line" "$TMP/server.log" || true)" -gt "$before" ] \
