@@ -94,12 +94,20 @@ h.connect_uri(sys.argv[1])
 h.pread(512, 0)' "$1"
 }
 
+# daemon NAME BLKD-OPTIONS...: a daemon in our namespace on a fresh PORT,
+# its stderr (the "terminal") in $TMP/NAME.stderr; sets DPID.
+daemon() {
+  local name=$1; shift
+  PORT=$(free_port)
+  in_ns "$BLKD" "$@" -P "$TMP/$name.pid" -i 127.0.0.1 -p "$PORT" "${PLUGIN[@]}" \
+    2>"$TMP/$name.stderr" || { cat "$TMP/$name.stderr"; fail "daemon $name did not start"; }
+  DPID=$(cat "$TMP/$name.pid")
+  SERVER_PIDS+=("$DPID")
+}
+
 echo "# daemonized, default --log: syslog"
-PORT=$(free_port)
-in_ns "$BLKD" -P "$TMP/d1.pid" -i 127.0.0.1 -p "$PORT" --tls=on --tls-psk="$T/keys.psk" \
-  "${PLUGIN[@]}" 2>"$TMP/d1.stderr" || { cat "$TMP/d1.stderr"; fail "the daemon did not start"; }
-D1=$(cat "$TMP/d1.pid")
-SERVER_PIDS+=("$D1")
+daemon d1 --tls=on --tls-psk="$T/keys.psk"
+D1=$DPID
 # Only what came before the fork may be on the terminal.
 cp "$TMP/d1.stderr" "$TMP/d1.stderr.at-start"
 wait_line "$TMP/syslog.txt" "^<30>.* blkd\\[$D1\\]: info: serving eval on nbd://127.0.0.1:$PORT" \
@@ -131,11 +139,8 @@ cmp -s "$TMP/d1.stderr" "$TMP/d1.stderr.at-start" \
 ok "the daemon wrote nothing to the terminal after forking"
 
 echo "# --log=null: nothing anywhere"
-PORT=$(free_port)
-in_ns "$BLKD" --log=null -P "$TMP/d3.pid" -i 127.0.0.1 -p "$PORT" "${PLUGIN[@]}" \
-  2>"$TMP/d3.stderr" || { cat "$TMP/d3.stderr"; fail "the --log=null daemon did not start"; }
-D3=$(cat "$TMP/d3.pid")
-SERVER_PIDS+=("$D3")
+daemon d3 --log=null
+D3=$DPID
 expect_fail "a read the plugin fails (--log=null)" bad_read "nbd://127.0.0.1:$PORT"
 stop_daemon "$TMP/d3.pid"
 sync_log
@@ -144,11 +149,8 @@ sync_log
 ok "--log=null: no line in syslog or on stderr"
 
 echo "# --log=stderr: a daemon keeps the terminal"
-PORT=$(free_port)
-in_ns "$BLKD" --log=stderr -P "$TMP/d4.pid" -i 127.0.0.1 -p "$PORT" "${PLUGIN[@]}" \
-  2>"$TMP/d4.stderr" || { cat "$TMP/d4.stderr"; fail "the --log=stderr daemon did not start"; }
-D4=$(cat "$TMP/d4.pid")
-SERVER_PIDS+=("$D4")
+daemon d4 --log=stderr
+D4=$DPID
 wait_line "$TMP/d4.stderr" "^blkd: info: serving eval" "--log=stderr: start-up line on stderr"
 expect_fail "a read the plugin fails (--log=stderr)" bad_read "nbd://127.0.0.1:$PORT"
 wait_line "$TMP/d4.stderr" "^blkd: error: conn [0-9]+ peer 127\\.0\\.0\\.1:[0-9]+: .*disk on fire" \

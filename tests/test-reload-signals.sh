@@ -16,12 +16,19 @@ wait_gone() {
   fail "process $1 still running a minute after the signal"
 }
 
-# The eval plugin runs our unload script, so we can see that it ran.
-for sig in TERM INT QUIT; do
-  SOCK="$TMP/$sig.sock"
-  "$BLKD" -f -U "$SOCK" eval "get_size=echo 1048576" \
+# serve NAME BLKD-OPTIONS...: blkd on the Unix socket $TMP/NAME.sock
+# with the eval plugin, whose unload script leaves
+# $TMP/unloaded.NAME so we can see that it ran.
+serve() {
+  local name=$1; shift
+  "$BLKD" "$@" -U "$TMP/$name.sock" eval "get_size=echo 1048576" \
     "pread=dd if=/dev/zero count=\$3 iflag=count_bytes status=none" \
-    "unload=touch $TMP/unloaded.$sig" >>"$TMP/server.log" 2>&1 &
+    "unload=touch $TMP/unloaded.$name" >>"$TMP/server.log" 2>&1
+}
+
+for sig in TERM INT QUIT; do
+  SOCK=$TMP/$sig.sock
+  serve "$sig" -f &
   pid=$!
   SERVER_PIDS+=("$pid")
   wait_socket "$SOCK"
@@ -42,10 +49,8 @@ for sig in TERM INT QUIT; do
 done
 
 echo "# SIGHUP without TLS: logged, nothing else changes"
-SOCK="$TMP/hup.sock"
-"$BLKD" -f -U "$SOCK" eval "get_size=echo 1048576" \
-  "pread=dd if=/dev/zero count=\$3 iflag=count_bytes status=none" \
-  "unload=touch $TMP/unloaded.hup" >>"$TMP/server.log" 2>&1 &
+SOCK=$TMP/hup.sock
+serve hup -f &
 pid=$!
 SERVER_PIDS+=("$pid")
 wait_socket "$SOCK"
@@ -68,10 +73,8 @@ expect_eq "$rc" 0 "exit status after SIGHUP then SIGTERM"
 [ -e "$TMP/unloaded.hup" ] && [ ! -e "$SOCK" ] || fail "unclean stop after SIGHUP"
 
 echo "# daemonized: SIGHUP keeps it, SIGTERM stops it cleanly"
-SOCK="$TMP/daemon.sock"
-"$BLKD" --log=null -P "$TMP/daemon.pid" -U "$SOCK" eval "get_size=echo 1048576" \
-  "pread=dd if=/dev/zero count=\$3 iflag=count_bytes status=none" \
-  "unload=touch $TMP/unloaded.daemon" >>"$TMP/server.log" 2>&1
+SOCK=$TMP/daemon.sock
+serve daemon --log=null -P "$TMP/daemon.pid"
 pid=$(cat "$TMP/daemon.pid")
 SERVER_PIDS+=("$pid")
 kill -HUP "$pid"
