@@ -18,10 +18,12 @@ wait_gone() {
 
 # serve NAME BLKD-OPTIONS...: blkd on the Unix socket $TMP/NAME.sock
 # with the eval plugin, whose unload script leaves
-# $TMP/unloaded.NAME so we can see that it ran.
+# $TMP/unloaded.NAME so we can see that it ran.  In a subshell (run in the
+# background) it execs, so that $! is blkd's own pid.
 serve() {
-  local name=$1; shift
-  "$BLKD" "$@" -U "$TMP/$name.sock" eval "get_size=echo 1048576" \
+  local name=$1 exec_=; shift
+  [ "$BASHPID" = "$$" ] || exec_=exec
+  $exec_ "$BLKD" "$@" -U "$TMP/$name.sock" eval "get_size=echo 1048576" \
     "pread=dd if=/dev/zero count=\$3 iflag=count_bytes status=none" \
     "unload=touch $TMP/unloaded.$name" >>"$TMP/server.log" 2>&1
 }
