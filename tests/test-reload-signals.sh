@@ -55,7 +55,9 @@ SOCK=$TMP/hup.sock
 serve hup -f &
 pid=$!
 SERVER_PIDS+=("$pid")
-wait_socket "$SOCK"
+# The start-up line comes once SIGHUP is handled (the socket exists before).
+for _ in $(seq 600); do grep -q "serving eval on .*hup.sock" "$TMP/server.log" && break; sleep 0.1; done
+grep -q "serving eval on .*hup.sock" "$TMP/server.log" || fail "no start-up line"
 kill -HUP "$pid"
 for _ in $(seq 600); do
   grep -q "SIGHUP: TLS is off" "$TMP/server.log" && break
