@@ -50,18 +50,31 @@ WARN      = -Wall -Wextra -Wshadow -Wno-unused-parameter $(if $(filter 1,$(WERRO
 # -MMD -MP: each object depends on exactly the headers it includes.
 BLKD_CPPFLAGS = -D_GNU_SOURCE -Iinclude -Icommon $(NBDKIT_CFLAGS) $(NBD_CFLAGS) \
                 -DBLKD_VERSION='"$(VERSION)"' -DBLKD_PLUGINDIR='"$(PLUGINDIR)"' \
-                -DNBDKIT_PLUGINDIR='"$(NBDKIT_PLUGINDIR)"'
+                -DNBDKIT_PLUGINDIR='"$(NBDKIT_PLUGINDIR)"' $(TEST_HOOK_FLAGS)
 BLKD_CFLAGS   = -std=gnu11 $(WARN) -pthread -MMD -MP
 # Project flags first, the user's after them so theirs win (-O, -g, -f...).
 ALL_CFLAGS    = $(BLKD_CPPFLAGS) $(CPPFLAGS) $(BLKD_CFLAGS) $(SANFLAGS) $(CFLAGS)
 ALL_LDFLAGS   = $(SANFLAGS) -pthread $(LDFLAGS)
+
+# Test hooks (environment knobs such as BLKD_TLS_REKEY_RECORDS) exist only
+# in a test build: `make check` makes one, in its own object tree, and
+# `make all` after it rebuilds ./blkd without them.  TEST_HOOKS=1 asks for
+# one explicitly (for tests/run.sh by hand).
+ifneq ($(filter check,$(MAKECMDGOALS)),)
+TEST_HOOKS = 1
+endif
+ifeq ($(TEST_HOOKS),1)
+TEST_HOOK_FLAGS = -DBLKD_TEST_HOOKS
+BUILD    := $(BUILD)-test
+endif
 
 # Packages the build, tests and benchmarks need (Debian 12 names).
 DEPS = build-essential pkg-config libevent-dev libssl-dev openssl \
        nbdkit nbdkit-plugin-dev libnbd-dev libnbd-bin python3-libnbd \
        python3-prometheus-client qemu-utils qemu-system-common fuse3 \
        e2fsprogs fio nbd-client nbd-server iperf3 clang valgrind \
-       systemd iproute2 procps psmisc curl python3-yaml bc groff-base man-db
+       systemd iproute2 procps psmisc curl python3-yaml bc groff-base man-db \
+       python3-cryptography gnuplot-nox librsvg2-bin strace
 
 SERVER_SRCS = $(wildcard server/*.c) $(wildcard common/*.c)
 SERVER_OBJS = $(SERVER_SRCS:%.c=$(BUILD)/%.o)

@@ -42,6 +42,12 @@ struct blkd_config {
   bool foreground;                /* -f */
   bool readonly;                  /* -r */
   bool socket_activated;          /* LISTEN_FDS was set for us */
+  bool single;                    /* -s: one client on stdin/stdout, no listener */
+  bool vsock;                     /* --vsock: listen on AF_VSOCK, -p is the port */
+  int ip_family;                  /* -4/-6: AF_INET, AF_INET6; 0: both */
+  const char *selinux_label;      /* --selinux-label: label for our listening sockets */
+  uint16_t gflags_masked;         /* handshake flags --mask-handshake turns off */
+  bool no_sr;                     /* --no-sr: refuse STRUCTURED_REPLY */
   int shards;                     /* --shards; default: online CPUs */
   int workers;                    /* --threads: workers per shard (or global pool / shards) */
   uint32_t max_request;           /* --max-request: largest READ/WRITE payload */
@@ -57,6 +63,7 @@ struct blkd_config {
   unsigned max_connections;       /* --max-connections; 0: no limit */
   unsigned handshake_timeout;     /* --handshake-timeout seconds; 0: none */
   unsigned idle_timeout;          /* --idle-timeout seconds; 0: none */
+  unsigned poll_us;               /* --poll-us: spin this long after a read; 0: never */
 
   /* TLS (tls.c). */
   enum tls_mode tls;
@@ -106,6 +113,7 @@ struct plugin_conn {
 int plugin_load (const char *name, int argc, char **argv);  /* -1 + message */
 char *plugin_exe_dir (void);      /* malloc'd; NULL if /proc/self/exe fails */
 int plugin_dump (const char *name);
+int plugin_help (const char *name);   /* PLUGIN --help: nbdkit's plugin usage */
 int plugin_after_fork (void);
 void plugin_unload (void);
 const char *plugin_name (void);
@@ -133,6 +141,27 @@ int plugin_cache (struct plugin_conn *pc, uint32_t count, uint64_t offset);
 int plugin_extents (struct plugin_conn *pc, uint32_t count, uint64_t offset,
                     bool req_one, struct nbdkit_extents *e);
 
+/* blkd's extension (include/blkd-plugin.h): ENOTSUP when the plugin has
+ * no such call or a layer between protocol and plugin (the cache) must
+ * see the data; the caller then copies through plugin_pread/pwrite. */
+struct blkd_lend;
+bool plugin_can_lend (void);
+int plugin_pread_lend (struct plugin_conn *pc, uint32_t count, uint64_t offset,
+                       struct blkd_lend *l);
+void plugin_lend_release (void *const *token, unsigned n, uint32_t bytes);
+int plugin_pread_fd (struct plugin_conn *pc, uint32_t count, uint64_t offset, int *fd,
+                     uint64_t *file_offset);
+int plugin_pwrite_place (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua,
+                         struct blkd_lend *dst);
+int plugin_pwrite_commit (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua,
+                          struct blkd_lend *dst, bool ok);
+struct plugin_lend_stats {
+  uint64_t lent_bytes;            /* lent to replies not yet sent */
+  uint64_t lent_replies, sendfile_replies, placed_writes;   /* totals */
+  uint64_t placed_bytes;          /* placed payloads not yet committed */
+};
+void plugin_lend_stats (struct plugin_lend_stats *out);
+
 /* ---- buffers (iobuf.c) ---------------------------------------------- */
 
 struct iobuf {
@@ -155,6 +184,8 @@ size_t iobuf_pool_bytes (const struct iobuf_pool *p);
 /* ---- requests (protocol.c) ------------------------------------------ */
 
 #define REQ_MAX_CHUNKS 16         /* sparse read: data/hole chunks at most */
+/* Lent pieces one reply can carry: every iovec but the header's. */
+#define REQ_LEND_MAX   (2 * REQ_MAX_CHUNKS + 1)
 
 /* One request from header to reply.  Large (the reply headers live here)
  * and recycled by the pool without a memset: request_reset() sets exactly
@@ -175,6 +206,19 @@ struct request {
   unsigned niov, iov_sent;
   struct iovec iov[2 * REQ_MAX_CHUNKS + 2];
   uint8_t hdr[REQ_MAX_CHUNKS * 40 + 64];
+  /* Zero-copy (blkd's extension).  A lent READ's data iovecs point into
+   * the plugin's memory, and its tokens go back when the request is freed;
+   * a placed WRITE's payload arrives in iov[0..nlent) (the plugin's memory)
+   * and is committed or discarded; a sendfile READ sends send_len bytes of
+   * send_fd after its header iovecs. */
+  unsigned nlent;
+  uint32_t lent_bytes;
+  uint32_t held;                  /* placed bytes counted in conn buf_bytes */
+  bool placed;
+  int send_fd;
+  uint32_t send_len;
+  uint64_t send_off;
+  void *lent_token[REQ_LEND_MAX];
 };
 
 void request_reset (struct request *r);
@@ -185,6 +229,12 @@ void protocol_execute (struct request *r);
 /* Build r's reply iovecs from its result (shard thread). */
 void protocol_build_reply (struct request *r);
 uint32_t protocol_nbd_error (int err, const struct request *r);
+/* Where a WRITE's payload from byte `have` on goes: at most max iovecs
+ * (the pool buffer, or the pieces of a placed write); 0 when complete. */
+unsigned protocol_payload_iov (struct request *r, uint32_t have, struct iovec *v,
+                               unsigned max);
+/* The request's lent memory or placed payload goes back to the plugin. */
+void protocol_release (struct request *r);
 
 /* ---- connections (conn.c) ------------------------------------------- */
 
@@ -206,6 +256,7 @@ struct conn {
   struct event *ev_read, *ev_write;
   enum conn_phase phase;
   bool no_zeroes, structured, meta_base_allocation, want_close;
+  bool fixed_newstyle;            /* client set NBD_FLAG_C_FIXED_NEWSTYLE */
   bool read_paused;               /* back-pressure: not watching the socket */
   bool read_drained;              /* last read was short: socket empty */
   bool waiting_buffers;           /* on the shard's list of pool waiters */
@@ -258,6 +309,7 @@ void conn_close_now (struct conn *c);
 
 int tls_setup (void);             /* start-up: -1 after printing why */
 void tls_cleanup (void);
+int tls_reload (void);            /* SIGHUP: re-read the credential files; -1 keeps the old */
 int tls_start (struct conn *c);   /* STARTTLS accepted: make the session */
 void tls_free (struct conn *c);
 /* The transport under conn.c once c->tls is set: -1 with errno EAGAIN
@@ -304,6 +356,7 @@ struct shard {
   struct event *ev_sweep;         /* once a second: handshake/idle timeouts */
   struct queue *queue;            /* this shard's work queue (split mode) */
   bool draining;
+  uint64_t reads;                 /* read callbacks run: the poll window's signal */
   struct shard_stats *stats;      /* counters and delay accounting (delayacct.c) */
 };
 
@@ -339,5 +392,13 @@ void listen_cleanup (void);                       /* unlink Unix socket */
 const char *listen_uri (void);
 const char *listen_port (void);
 const char *listen_unix_path (void);
+
+/* ---- -D NAME.FLAG=N (debugflags.c) ------------------------------------ */
+
+int debug_flag_add (const char *arg);             /* -1 + message */
+/* Set NAME_debug_FLAG in a just-opened plugin (or filter) named NAME. */
+int debug_flags_apply (void *dl, const char *name, const char *path);
+void debug_flags_warn_unused (void);
+void debug_flags_free (void);
 
 #endif

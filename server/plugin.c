@@ -11,6 +11,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "blkd-plugin.h"
 #include "internal.h"
 
 /* nbdkit's plugin directory comes from the build (pkg-config nbdkit):
@@ -26,6 +27,11 @@ static int api_version;
 static int thread_model;
 static bool inline_safe;
 static pthread_mutex_t all_requests_lock = PTHREAD_MUTEX_INITIALIZER;
+/* blkd's own extension (include/blkd-plugin.h), NULL for nbdkit's plugins. */
+static const struct blkd_plugin_extension *ext;
+static struct {
+  atomic_ullong lent_bytes, lent_replies, sendfile_replies, placed_bytes, placed_writes;
+} lend_stats;                       /* any thread */
 
 /* Writes nobody sees the data of: zero emulation through pwrite. */
 #define ZERO_BUF_SIZE (1024 * 1024)
@@ -146,12 +152,22 @@ plugin_open_dl (const char *name)
     fprintf (stderr, "blkd: %s: plugin name is missing or invalid\n", plugin_path);
     return -1;
   }
+  if (debug_flags_apply (dl, p.name, plugin_path) == -1)
+    return -1;
   bool has_pread = api_version == 1 ? p._pread_v1 != NULL : p.pread != NULL;
   if (!p.open || !p.get_size || !has_pread) {
     fprintf (stderr, "blkd: %s: plugin must define open, get_size and pread\n", plugin_path);
     return -1;
   }
   thread_model = p._thread_model;
+  ext = dlsym (dl, "blkd_plugin_extension");
+  if (ext && (ext->version != BLKD_PLUGIN_EXTENSION_VERSION
+              || ext->size < offsetof (struct blkd_plugin_extension, lend_release)
+                             + sizeof ext->lend_release)) {
+    fprintf (stderr, "blkd: %s: blkd_plugin_extension version %u size %u not understood; "
+             "copying instead\n", plugin_path, ext->version, ext->size);
+    ext = NULL;
+  }
   return 0;
 }
 
@@ -252,11 +268,36 @@ plugin_unload (void)
   dlclose (dl);
 #endif
   dl = NULL;
+  ext = NULL;
   free (plugin_path);
   plugin_path = NULL;
   free (zero_buf);
   zero_buf = NULL;
   public_release_global ();
+}
+
+/* nbdkit's plugin usage, printed after the server's for PLUGIN --help:
+ * name (longname), path, description, config_help. */
+int
+plugin_help (const char *name)
+{
+  if (plugin_open_dl (name) == -1)
+    return -1;
+  if (p.load)
+    p.load ();
+  printf ("plugin: %s", p.name);
+  if (p.longname)
+    printf (" (%s)", p.longname);
+  printf ("\n(%s)\n", plugin_path);
+  const char *const texts[] = { p.description, p.config_help };
+  for (size_t i = 0; i < 2; i++) {
+    size_t n = texts[i] ? strlen (texts[i]) : 0;
+    if (n)
+      printf ("%s%s", texts[i], texts[i][n - 1] == '\n' ? "" : "\n");
+  }
+  fflush (stdout);
+  plugin_unload ();
+  return 0;
 }
 
 int
@@ -712,4 +753,108 @@ plugin_extents (struct plugin_conn *pc, uint32_t count, uint64_t offset,
   if (!err && e->len == 0)
     err = EINVAL;
   return err;
+}
+
+/* ---- lending (blkd's extension) ------------------------------------ */
+
+/* An extension call the plugin's struct is long enough to hold. */
+#define EXT_HAS(field) \
+  (ext && ext->size >= offsetof (struct blkd_plugin_extension, field) + sizeof ext->field \
+   && ext->field)
+
+/* Lending hands the plugin's memory straight to the socket, so only a
+ * plugin right below the protocol may lend: a cache in between must see
+ * (and keep) the data, so it copies. */
+static bool
+lend_direct (void)
+{
+  return cfg.cache_size == 0;
+}
+
+bool
+plugin_can_lend (void)
+{
+  return lend_direct () && EXT_HAS (lend_pread) && EXT_HAS (lend_release);
+}
+
+int
+plugin_pread_lend (struct plugin_conn *pc, uint32_t count, uint64_t offset,
+                   struct blkd_lend *l)
+{
+  if (!plugin_can_lend ())
+    return ENOTSUP;
+  l->n = 0;
+  lock_request (pc);
+  int r = ext->lend_pread (pc->handle, count, offset, 0, l);
+  int err = r == -1 ? callback_error (errno) : 0;
+  unlock_request (pc);
+  if (err)
+    return err == EOPNOTSUPP ? ENOTSUP : err;
+  atomic_fetch_add (&lend_stats.lent_bytes, count);
+  atomic_fetch_add (&lend_stats.lent_replies, 1);
+  return 0;
+}
+
+void
+plugin_lend_release (void *const *token, unsigned n, uint32_t bytes)
+{
+  ext->lend_release (token, n);
+  atomic_fetch_sub (&lend_stats.lent_bytes, bytes);
+}
+
+int
+plugin_pread_fd (struct plugin_conn *pc, uint32_t count, uint64_t offset, int *fd,
+                 uint64_t *file_offset)
+{
+  if (!lend_direct () || !EXT_HAS (pread_fd))
+    return ENOTSUP;
+  lock_request (pc);
+  int r = ext->pread_fd (pc->handle, count, offset, 0, fd, file_offset);
+  int err = r == -1 ? callback_error (errno) : 0;
+  unlock_request (pc);
+  if (!err)
+    atomic_fetch_add (&lend_stats.sendfile_replies, 1);
+  return err == EOPNOTSUPP ? ENOTSUP : err;
+}
+
+int
+plugin_pwrite_place (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua,
+                     struct blkd_lend *dst)
+{
+  if (!lend_direct () || !EXT_HAS (pwrite_place) || !EXT_HAS (pwrite_commit))
+    return ENOTSUP;
+  if (!pc->caps.can_write)
+    return EROFS;
+  dst->n = 0;
+  lock_request (pc);
+  int r = ext->pwrite_place (pc->handle, count, offset, fua_flag (pc, fua), dst);
+  int err = r == -1 ? callback_error (errno) : 0;
+  unlock_request (pc);
+  if (!err)
+    atomic_fetch_add (&lend_stats.placed_bytes, count);
+  return err == EOPNOTSUPP ? ENOTSUP : err;
+}
+
+int
+plugin_pwrite_commit (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua,
+                      struct blkd_lend *dst, bool ok)
+{
+  lock_request (pc);
+  int r = ext->pwrite_commit (pc->handle, count, offset, fua_flag (pc, fua), dst, ok);
+  int err = finish_fua (pc, r == -1 ? callback_error (errno) : 0, fua && ok);
+  unlock_request (pc);
+  atomic_fetch_sub (&lend_stats.placed_bytes, count);
+  if (ok && !err)
+    atomic_fetch_add (&lend_stats.placed_writes, 1);
+  return err;
+}
+
+void
+plugin_lend_stats (struct plugin_lend_stats *out)
+{
+  out->lent_bytes = atomic_load (&lend_stats.lent_bytes);
+  out->lent_replies = atomic_load (&lend_stats.lent_replies);
+  out->sendfile_replies = atomic_load (&lend_stats.sendfile_replies);
+  out->placed_bytes = atomic_load (&lend_stats.placed_bytes);
+  out->placed_writes = atomic_load (&lend_stats.placed_writes);
 }

@@ -127,7 +127,7 @@ start_server() {
     PORT=$(wait_listen "$SERVER_PID")
   else
     # blkd may listen twice (--metrics): its start-up line says which is NBD.
-    PORT=$(log_port "$TMP/server.log" "$from" 'serving .* on nbd://[^ ]*:([0-9]+)/')
+    PORT=$(log_port "$TMP/server.log" "$from" 'serving .* on nbds?://[^ ]*:([0-9]+)/')
     case " $* " in
       *" --metrics "*) METRICS_PORT=$(log_port "$TMP/server.log" "$from" 'metrics on http://[^ ]*:([0-9]+)/metrics') ;;
     esac

@@ -42,8 +42,10 @@ unset MAKEFLAGS MFLAGS MAKELEVEL
 # not to whichever log a test happens to keep: a report from any process
 # fails the test that produced it -- even one from a server the test killed
 # at its end, and even with other tests running alongside.
+# Only this run's tests' directories are cleared (in run_one), so two
+# runners on different tests in one tree do not wipe each other's reports.
 sanroot="$logdir/sanitizer"
-rm -rf "$sanroot"; mkdir -p "$sanroot"
+mkdir -p "$sanroot"
 user_asan=${ASAN_OPTIONS:+:$ASAN_OPTIONS}
 user_ubsan=${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}
 
@@ -61,7 +63,7 @@ is_serial() { [ -f "$1" ] && head -n 30 "$1" | grep -q '^# run.sh: serial'; }
 run_one() {
   local t=$1 name; name=$(basename "$t")
   local log="$logdir/$name.log" sandir="$sanroot/$name" rc
-  mkdir -p "$sandir"
+  rm -rf "$sandir"; mkdir -p "$sandir"
   export ASAN_OPTIONS="log_path=$sandir/asan:detect_leaks=1:abort_on_error=0$user_asan"
   export UBSAN_OPTIONS="log_path=$sandir/ubsan:print_stacktrace=1:halt_on_error=1$user_ubsan"
   case "$t" in
@@ -74,7 +76,7 @@ run_one() {
     cat "$sandir"/* >>"$log"
     if [ $rc -eq 0 ] || [ $rc -eq 77 ]; then rc=99; fi
   else
-    rmdir "$sandir"
+    rmdir "$sandir" 2>/dev/null || true
   fi
   exit $rc
 }

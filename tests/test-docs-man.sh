@@ -11,7 +11,7 @@ need groff
 # OPTIONS_OF PROGRAM: each option token in PROGRAM --help, once.  A token
 # is a dash-word not glued to a word before it (so "read-only" is not one).
 options_of() {
-  "$1" --help 2>&1 | grep -oP '(?<![\w-])--?[A-Za-z][\w-]*' | sort -u
+  "$1" --help 2>&1 | grep -oP '(?<![\w-])--?[A-Za-z0-9][\w-]*' | sort -u
 }
 
 bad=0

@@ -234,7 +234,7 @@ class Server:
                 text = f.read().decode(errors="replace")
         except OSError:
             return False
-        m = re.search(r"serving .* on nbd://\S*:(\d+)/", text)
+        m = re.search(r"serving .* on nbds?://\S*:(\d+)/", text)
         if m:
             self.port = int(m.group(1))
         if self._want_metrics:
