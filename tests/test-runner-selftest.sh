@@ -5,6 +5,8 @@
 # while others run alongside, skips are counted, the summary line keeps
 # its form, and a Python test reports every failed check, not the first.
 . "$(dirname "$0")/lib.sh"
+# The job count must come from the MAKEFLAGS given below, not from ours.
+unset TEST_JOBS
 d=$TMP/t; mkdir -p "$d"
 export TEST_LOGDIR=$TMP/logs
 
