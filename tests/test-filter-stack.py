@@ -23,12 +23,12 @@ import os
 import struct
 import subprocess
 import sys
-import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
 from blkdtest import (BLKD, TMP, TOP, Server, blkd_only, check, check_eq, fail,  # noqa: E402
-                      free_port, need_nbd, nbd_connect, nbd_errno, ok, skip, IS_NBDKIT)
+                      free_port, hammer_reads, need_nbd, nbd_connect, nbd_errno, ok, skip,
+                      IS_NBDKIT)
 
 nbd = need_nbd()
 MODELS = os.path.join(TOP, "tests", "plugins", "nbdkit-models-plugin.so")
@@ -99,21 +99,10 @@ srv.check_alive()
 srv.stop()
 
 # ---- thread model: the strictest layer wins ------------------------------
-def hammer(handles, per_handle=8, rounds=4):
-    for _ in range(rounds):
-        cookies = []
-        for hh in handles:
-            for i in range(per_handle):
-                cookies.append((hh, hh.aio_pread(nbd.Buffer(4096), 4096 * (i + 1))))
-        for hh, ck in cookies:
-            while not hh.aio_command_completed(ck):
-                hh.poll(-1)
-
-
 srv = Server([MODELS, "model=3"], opts=["--filter=noparallel"] + (
     [] if IS_NBDKIT else ["--dispatch=worker", "--shards=2"]))
 a, b = nbd_connect(srv), nbd_connect(srv)
-hammer([a, b])
+hammer_reads([a, b])
 max_active, max_handle, max_open = struct.unpack(">III", a.pread(12, 0))
 print("max in flight: %d in the plugin, %d on one handle" % (max_active, max_handle))
 check_eq(max_handle, 1, "noparallel over a parallel plugin: one request at a time per handle")
