@@ -102,7 +102,7 @@ srv.stop()
 # ---- tmpdisk: a fresh disk per connection -----------------------------
 srv, _ = cache_server(["tmpdisk", "64M"])
 a = nbd_connect(srv)
-a.pwrite(b"\xab" * 4096, 1 << 20)
+a.pwrite(b"\xab" * BLOCK, 1 << 20)         # a whole cache block: write-through caches it
 a.flush()
 check_eq(bytes(a.pread(4, 1 << 20)), b"\xab" * 4, "tmpdisk: connection 1 reads its write")
 b = nbd_connect(srv)
