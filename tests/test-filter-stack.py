@@ -111,6 +111,17 @@ if blkd_only("connections still overlap", "nbdkit's scheduling differs"):
 a.shutdown()
 b.shutdown()
 srv.stop()
+# ... and a filter that asks for nothing adds no lock: one handle's
+# requests still overlap in a parallel plugin under nofilter.
+srv = Server([MODELS, "model=3"], opts=["--filter=nofilter"] + (
+    [] if IS_NBDKIT else ["--dispatch=worker", "--shards=2"]))
+a = nbd_connect(srv)
+hammer_reads([a])
+max_active, max_handle, max_open = struct.unpack(">III", a.pread(12, 0))
+check(max_handle >= 2, "nofilter over a parallel plugin: requests on one handle overlap",
+      "max %d" % max_handle)
+a.shutdown()
+srv.stop()
 if not IS_NBDKIT:
     r = subprocess.run([BLKD, "--dump-plugin", "--filter=noparallel", "--filter=nofilter",
                         MODELS], stdout=subprocess.PIPE, timeout=60)
