@@ -32,12 +32,25 @@ CFLAGS   += -std=gnu11 $(WARN) $(SANFLAGS) -D_GNU_SOURCE -Iinclude -pthread \
             -DNBDKIT_FILTERDIR='"$(NBDKIT_FILTERDIR)"'
 LDFLAGS  += $(SANFLAGS) -pthread
 
+# Test hooks (environment knobs such as BLKD_TLS_REKEY_RECORDS) exist only
+# in a test build: `make check` makes one, in its own object tree, and
+# `make all` after it rebuilds ./blkd without them.  TEST_HOOKS=1 asks for
+# one explicitly (for tests/run.sh by hand).
+ifneq ($(filter check,$(MAKECMDGOALS)),)
+TEST_HOOKS = 1
+endif
+ifeq ($(TEST_HOOKS),1)
+CFLAGS   += -DBLKD_TEST_HOOKS
+BUILD    := $(BUILD)-test
+endif
+
 # Packages the build, tests and benchmarks need (Debian 12 names).
 DEPS = build-essential pkg-config libevent-dev libssl-dev openssl \
        nbdkit nbdkit-plugin-dev libnbd-dev libnbd-bin python3-libnbd \
        python3-prometheus-client qemu-utils qemu-system-common fuse3 \
        e2fsprogs fio nbd-client nbd-server iperf3 clang valgrind \
-       systemd iproute2 procps psmisc curl python3-yaml bc
+       systemd iproute2 procps psmisc curl python3-yaml bc \
+       python3-cryptography gnuplot-nox librsvg2-bin strace
 
 SERVER_SRCS = $(wildcard server/*.c)
 SERVER_OBJS = $(SERVER_SRCS:%.c=$(BUILD)/%.o)

@@ -8,8 +8,17 @@ Server CPU comes from /proc/PID/stat (utime+stime) around each run, the
 machine's user/system/idle split from /proc/stat.  The machine is shared
 and noisy: read the ratios, not the absolute numbers.
 
-Usage: bench/anchors.py [--rounds N] [--seconds S] [--part anchors|switches|all]
-                        [--out docs/bench-anchors.md] [--json FILE]
+Honesty rules built in: before each cell the script samples the machine for
+a moment with nothing of its own running; a cell that starts while something
+else keeps the CPUs busy (more than --max-busy percent) waits and is retried,
+and if the machine never quiets down the cell is marked with "*" in the table.
+The 1-minute load average before each cell is recorded too.  Reads run on
+prefilled data.  QD1 is reported twice: unpinned, and with the server pinned
+to the last CPU and fio to the first.
+
+Usage: bench/anchors.py [--rounds N] [--seconds S]
+                        [--part anchors|targets|switches|all]
+                        [--blkd NAME=PATH ...] [--out FILE] [--json FILE]
 """
 
 import argparse
@@ -29,6 +38,9 @@ TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLKD = os.path.join(TOP, "blkd")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DISK = "1G"
+NCPU = os.cpu_count() or 1
+MAX_BUSY = 10.0          # percent of the machine others may use before a cell
+EXTRA_BLKD = []          # (name, path): other blkd builds to run beside ./blkd
 
 
 def free_port():
@@ -118,6 +130,7 @@ def fio(uri, rw, bs, iodepth, numjobs, seconds, extra=()):
     pct = io["clat_ns"].get("percentile", {})
     return {
         "iops": io["iops"], "mib_s": io["bw"] / 1024.0, "bytes": io["io_bytes"],
+        "fio_cpu_s": (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["elapsed"],
         "p50_us": pct.get("50.000000", 0) / 1000.0, "p99_us": pct.get("99.000000", 0) / 1000.0,
     }
 
@@ -129,15 +142,53 @@ def prefill(uri):
                    check=True, cwd=tempfile.gettempdir())
 
 
+def busy_pct(secs=0.5):
+    """Share of the machine that something else uses while we run nothing."""
+    m0 = machine_cpu()
+    time.sleep(secs)
+    m1 = machine_cpu()
+    tot = sum(m1) - sum(m0) or 1
+    return 100.0 * (tot - (m1[2] - m0[2])) / tot
+
+
+def wait_quiet(tries=6):
+    """Wait (bounded) until the machine is quiet; returns (busy %, quiet?)."""
+    busy = busy_pct()
+    for _ in range(tries):
+        if busy <= MAX_BUSY:
+            return busy, True
+        time.sleep(2)
+        busy = busy_pct()
+    return busy, busy <= MAX_BUSY
+
+
+def pin(pid, cpus):
+    """Move every thread of pid to the CPU list (taskset -a)."""
+    subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
 def measure(server, wl, seconds):
+    busy, quiet = wait_quiet()
+    load1 = os.getloadavg()[0]
+    extra = []
+    if wl.get("pinned") and NCPU > 1:
+        pin(server.pid, str(NCPU - 1))
+        extra = ["--cpus_allowed=0"]
     u0, s0 = proc_cpu(server.pid)
     m0 = machine_cpu()
-    r = fio(server.uri, wl["rw"], wl["bs"], wl["iodepth"], wl["numjobs"], seconds)
-    u1, s1 = proc_cpu(server.pid)
-    m1 = machine_cpu()
+    try:
+        r = fio(server.uri, wl["rw"], wl["bs"], wl["iodepth"], wl["numjobs"], seconds, extra)
+    finally:
+        u1, s1 = proc_cpu(server.pid)
+        m1 = machine_cpu()
+        if wl.get("pinned") and NCPU > 1:
+            pin(server.pid, "0-%d" % (NCPU - 1))
+    r["busy_before_pct"], r["quiet"], r["load1"] = busy, quiet, load1
     mib = r["bytes"] / 1048576.0
     cpu = (u1 - u0) + (s1 - s0)
     r["cpu_us_per_mib"] = cpu * 1e6 / mib if mib else 0
+    r["user_us_per_mib"] = (u1 - u0) * 1e6 / mib if mib else 0
     r["srv_user_s"], r["srv_sys_s"] = u1 - u0, s1 - s0
     tot = sum(m1) - sum(m0) or 1
     r["machine_user_pct"] = 100.0 * (m1[0] - m0[0]) / tot
@@ -163,8 +214,30 @@ WORKLOADS = [
     ("4k randwrite QD32", dict(rw="randwrite", bs="4k", iodepth=32, numjobs=1)),
     ("4x QD16 4k randread", dict(rw="randread", bs="4k", iodepth=16, numjobs=4)),
     ("QD1 4k randread", dict(rw="randread", bs="4k", iodepth=1, numjobs=1)),
+    ("QD1 4k randread, pinned apart", dict(rw="randread", bs="4k", iodepth=1, numjobs=1,
+                                           pinned=True)),
     ("256k read QD16", dict(rw="read", bs="256k", iodepth=16, numjobs=1)),
+    ("256k write QD16", dict(rw="write", bs="256k", iodepth=16, numjobs=1)),
 ]
+
+
+def blkd_server(path, *args):
+    return lambda p, t: [path, "-f", "-i", "127.0.0.1", "-p", str(p)] + list(args)
+
+
+def target_servers(tmp):
+    """The single-connection targets: nbdkit and blkd on Debian's memory
+    plugin, blkd's ram, and any other blkd builds named with --blkd."""
+    s = [
+        ("nbdkit memory", lambda p, t: ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(p),
+                                        "memory", DISK]),
+        ("blkd memory", blkd_server(BLKD, "memory", DISK)),
+        ("blkd ram", blkd_server(BLKD, "ram", DISK)),
+    ]
+    for name, path in EXTRA_BLKD:
+        s.append((name + " memory", blkd_server(path, "memory", DISK)))
+        s.append((name + " ram", blkd_server(path, "ram", DISK)))
+    return s, None
 
 
 def anchor_servers(tmp):
@@ -181,16 +254,38 @@ def anchor_servers(tmp):
     s = [
         ("nbdkit memory", lambda p, t: ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(p),
                                         "memory", DISK]),
-        ("blkd memory", lambda p, t: [BLKD, "-f", "-i", "127.0.0.1", "-p", str(p),
-                                      "memory", DISK]),
-        ("blkd ram", lambda p, t: [BLKD, "-f", "-i", "127.0.0.1", "-p", str(p), "ram", DISK]),
-        ("blkd rawio (tmpfs)", lambda p, t: [BLKD, "-f", "-i", "127.0.0.1", "-p", str(p),
-                                             "rawio", "file=" + img]),
+        ("blkd memory", blkd_server(BLKD, "memory", DISK)),
+        ("blkd ram", blkd_server(BLKD, "ram", DISK)),
+        ("blkd rawio (tmpfs)", blkd_server(BLKD, "rawio", "file=" + img)),
         ("qemu-nbd (tmpfs)", lambda p, t: ["qemu-nbd", "-f", "raw", "-b", "127.0.0.1", "-p",
                                            str(p), "-x", "", "-t", "-e", "64", img]),
         ("nbd-server (tmpfs)", nbd_server),
     ]
     return s, img
+
+
+DISK_FILE = "/var/tmp/blkd-bench-disk.img"
+
+
+def rawio_servers(tmp):
+    """O_DIRECT on a file on the machine's own disk: blkd's rawio against
+    qemu-nbd with the cache off and io_uring.  The file must be written well
+    before the run (a fresh file's write-back skews the first minutes)."""
+    if not os.path.exists(DISK_FILE):
+        raise SystemExit("write %s first, well before the run: dd if=/dev/zero of=%s "
+                         "bs=1M count=1024 oflag=direct" % (DISK_FILE, DISK_FILE))
+    return [
+        ("qemu-nbd io_uring direct", lambda p, t: [
+            "qemu-nbd", "-f", "raw", "--cache=none", "--aio=io_uring", "-b", "127.0.0.1",
+            "-p", str(p), "-x", "", "-t", "-e", "64", DISK_FILE]),
+        ("blkd rawio direct", blkd_server(BLKD, "rawio", "file=" + DISK_FILE, "direct=true")),
+    ], None
+
+
+RAWIO_WORKLOADS = [
+    ("4k randread QD32 (disk)", dict(rw="randread", bs="4k", iodepth=32, numjobs=1)),
+    ("256k read QD16 (disk)", dict(rw="read", bs="256k", iodepth=16, numjobs=1)),
+]
 
 
 def switch_servers(tmp):
@@ -205,7 +300,7 @@ def switch_servers(tmp):
     ], None
 
 
-def run_part(title, servers_fn, workloads, rounds, seconds, baseline):
+def run_part(title, servers_fn, workloads, rounds, seconds, baseline, fill=True):
     tmp = tempfile.mkdtemp(prefix="blkd-bench.")
     specs, img = servers_fn(tmp)
     servers = []
@@ -216,7 +311,8 @@ def run_part(title, servers_fn, workloads, rounds, seconds, baseline):
             except Exception as e:
                 print("skipping %s: %s" % (name, e), file=sys.stderr)
         for s in servers:
-            prefill(s.uri)
+            if fill:
+                prefill(s.uri)
         results = {wl: {s.name: [] for s in servers} for wl, _ in workloads}
         for rnd in range(rounds):
             order = servers if rnd % 2 == 0 else list(reversed(servers))
@@ -224,9 +320,11 @@ def run_part(title, servers_fn, workloads, rounds, seconds, baseline):
                 for s in order:
                     r = measure(s, spec, seconds)
                     results[wl][s.name].append(r)
-                    print("%-8s round %d  %-22s %-22s %9.0f IOPS %8.1f MiB/s  p99 %8.0f us  "
-                          "%6.0f us-CPU/MiB" % (title, rnd + 1, wl, s.name, r["iops"], r["mib_s"],
-                                                r["p99_us"], r["cpu_us_per_mib"]),
+                    print("%-8s round %d  %-30s %-22s %9.0f IOPS %8.1f MiB/s  p99 %8.0f us  "
+                          "%6.0f us-CPU/MiB  load %.2f busy %.0f%%%s" % (
+                              title, rnd + 1, wl, s.name, r["iops"], r["mib_s"], r["p99_us"],
+                              r["cpu_us_per_mib"], r["load1"], r["busy_before_pct"],
+                              "" if r["quiet"] else " NOT QUIET"),
                           file=sys.stderr, flush=True)
         return results
     finally:
@@ -242,33 +340,56 @@ def med(xs):
 
 
 def table(results, baseline):
+    """One row per workload and server; ratios against baseline.  "*" marks
+    a row with a cell that began while the machine was not quiet."""
     lines = ["| workload | server | IOPS (median) | spread | MiB/s | p50 µs | p99 µs | "
-             "server CPU µs/MiB | user/sys s | machine idle % | × " + baseline + " |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "server CPU µs/MiB (user) | machine idle % | load1 | × " + baseline +
+             " IOPS | × CPU/MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for wl, by_server in results.items():
         base = med([r["iops"] for r in by_server.get(baseline, [])])
+        base_cpu = med([r["cpu_us_per_mib"] for r in by_server.get(baseline, [])])
         for name, rs in by_server.items():
             if not rs:
                 continue
             iops = [r["iops"] for r in rs]
             m = med(iops)
-            lines.append("| %s | %s | %.0f | %.0f–%.0f | %.1f | %.0f | %.0f | %.0f | %.2f/%.2f | %.0f | %s |" % (
-                wl, name, m, min(iops), max(iops), med([r["mib_s"] for r in rs]),
+            cpu = med([r["cpu_us_per_mib"] for r in rs])
+            mark = "" if all(r.get("quiet", True) for r in rs) else " *"
+            lines.append("| %s%s | %s | %.0f | %.0f–%.0f | %.1f | %.0f | %.0f | %.0f (%.0f) | %.0f | "
+                         "%.2f | %s | %s |" % (
+                wl, mark, name, m, min(iops), max(iops), med([r["mib_s"] for r in rs]),
                 med([r["p50_us"] for r in rs]), med([r["p99_us"] for r in rs]),
-                med([r["cpu_us_per_mib"] for r in rs]), med([r["srv_user_s"] for r in rs]),
-                med([r["srv_sys_s"] for r in rs]), med([r["machine_idle_pct"] for r in rs]),
-                "%.2f" % (m / base) if base else "–"))
+                cpu, med([r["user_us_per_mib"] for r in rs]),
+                med([r["machine_idle_pct"] for r in rs]), max(r["load1"] for r in rs),
+                "%.2f" % (m / base) if base else "–",
+                "%.2f" % (cpu / base_cpu) if base_cpu else "–"))
     return "\n".join(lines)
 
 
 def main():
+    global MAX_BUSY
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)
-    ap.add_argument("--part", default="all", choices=["anchors", "switches", "all"])
+    ap.add_argument("--part", default="all", choices=["anchors", "targets", "rawio", "switches", "all"])
+    ap.add_argument("--workloads", default=None,
+                    help="comma-separated substrings: run only the matching workloads")
+    ap.add_argument("--blkd", action="append", default=[], metavar="NAME=PATH",
+                    help="another blkd build to run beside ./blkd (targets part)")
+    ap.add_argument("--max-busy", type=float, default=MAX_BUSY,
+                    help="percent of the machine others may use before a cell")
     ap.add_argument("--out", default=None, help="write the markdown tables here")
     ap.add_argument("--json", default=None, help="write raw results here")
     a = ap.parse_args()
+    MAX_BUSY = a.max_busy
+    for spec in a.blkd:
+        name, path = spec.split("=", 1)
+        EXTRA_BLKD.append((name, os.path.abspath(path)))
+    workloads = WORKLOADS
+    if a.workloads:
+        keys = a.workloads.split(",")
+        workloads = [w for w in WORKLOADS if any(k in w[0] for k in keys)]
 
     cpu_model = "?"
     with open("/proc/cpuinfo") as f:
@@ -276,19 +397,30 @@ def main():
             if line.startswith("model name"):
                 cpu_model = line.split(":", 1)[1].strip()
                 break
-    header = ["Machine: %s, %d CPUs, kernel %s; %s; %d rounds of %gs, medians." % (
+    header = ["Machine: %s, %d CPUs, kernel %s; %s; %d rounds of %gs, medians; "
+              "load average at start %.2f; a cell starts only when others use "
+              "under %.0f%% of the machine (\"*\": one did not)." % (
         cpu_model, os.cpu_count(), platform.release(), time.strftime("%Y-%m-%d %H:%M UTC",
                                                                          time.gmtime()),
-        a.rounds, a.seconds)]
+        a.rounds, a.seconds, os.getloadavg()[0], MAX_BUSY)]
     raw = {}
     md = list(header)
     if a.part in ("anchors", "all"):
         iperf = [iperf3_mib_s(3) for _ in range(a.rounds)]
         md.append("\niperf3, one TCP stream over loopback: median %.0f MiB/s (%.0f–%.0f)\n" % (
             med(iperf), min(iperf), max(iperf)))
-        res = run_part("anchors", anchor_servers, WORKLOADS, a.rounds, a.seconds, "nbdkit memory")
+        res = run_part("anchors", anchor_servers, workloads, a.rounds, a.seconds, "nbdkit memory")
         raw["anchors"] = res
         raw["iperf3_mib_s"] = iperf
+        md.append(table(res, "nbdkit memory"))
+    if a.part == "rawio":
+        res = run_part("rawio", rawio_servers, RAWIO_WORKLOADS, a.rounds, a.seconds,
+                       "qemu-nbd io_uring direct", fill=False)
+        raw["rawio"] = res
+        md.append(table(res, "qemu-nbd io_uring direct"))
+    if a.part == "targets":
+        res = run_part("targets", target_servers, workloads, a.rounds, a.seconds, "nbdkit memory")
+        raw["targets"] = res
         md.append(table(res, "nbdkit memory"))
     if a.part in ("switches", "all"):
         sw = []

@@ -8,9 +8,9 @@
 #                                 CIPHER=default|aes128|aes256
 #                                 SEAL_AB=1)
 #
-# SEAL_AB=1 adds a third server, blkd --tls-seal=openssl ("blkd-ossl"), to
-# the alternation: blkd sealing its own TLS 1.3 records against OpenSSL's
-# SSL_write, in the same run.
+# SEAL_AB=1 adds a third server, blkd --tls-seal=blkd ("blkd_seal"), to
+# the alternation: blkd sealing its own TLS 1.3 records (the opt-in)
+# against OpenSSL's SSL_write (the default, "blkd"), in the same run.
 #
 # CIPHER: each server picks the TLS 1.3 suite by its own preference
 # (default: blkd AES-128-GCM, nbdkit/GnuTLS AES-256-GCM); aes128/aes256
@@ -71,8 +71,8 @@ start() {  # NAME BINARY ARGS... -> sets PORT_<NAME>, PID_<NAME>
 SERVERS="blkd nbdkit"
 start blkd "$BLKD" memory "$SIZE"
 if [ "${SEAL_AB:-0}" = 1 ]; then
-  start blkd_ossl "$BLKD" --tls-seal=openssl memory "$SIZE"
-  SERVERS="blkd blkd_ossl nbdkit"
+  start blkd_seal "$BLKD" --tls-seal=blkd memory "$SIZE"
+  SERVERS="blkd blkd_seal nbdkit"
 fi
 start nbdkit nbdkit memory "$SIZE"
 

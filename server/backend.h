@@ -31,16 +31,6 @@
 
 struct backend;
 
-/* Optional read lending (a blkd extension for blkd's own layers): the
- * layer points *data at count bytes of its own memory that stay valid
- * until release(cookie) is called, or returns 0 with *data NULL to say
- * "cannot lend this one" and the caller reads into its own buffer. */
-struct backend_lend {
-  const void *data;
-  void (*release) (void *cookie);
-  void *cookie;
-};
-
 struct context {
   struct nbdkit_next_ops next;      /* must be first: filters call through it */
   void *handle;                     /* the layer's handle for this context */
@@ -112,9 +102,8 @@ struct backend {
                   struct nbdkit_extents *extents, int *err);
   int (*cache) (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
                 int *err);
-  /* NULL: this layer never lends (see struct backend_lend). */
-  int (*pread_lend) (struct context *c, uint32_t count, uint64_t offset,
-                     struct backend_lend *lend, int *err);
+  /* blkd's zero-copy extension (blkd-plugin.h) is not a layer operation:
+   * only a plugin that is the whole stack lends (plugin.c, lend_direct). */
 };
 
 /* ---- building the stack (backend.c, main thread) -------------------- */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -141,6 +142,8 @@ request_free (struct conn *c, struct request *r)
 {
   struct iobuf_pool *pool = c->shard->pool;
   delayacct_done (c, r);          /* counts, and the send time if fully sent */
+  protocol_release (r);           /* lent memory or a placed payload goes back */
+  c->buf_bytes -= r->held;
   if (r->buf)
     c->buf_bytes -= r->buf->cap;
   iobuf_put (pool, r->buf);
@@ -167,12 +170,58 @@ drop_output (struct conn *c)
 /* The transport: the socket, or TLS records once STARTTLS switched (the
  * STARTTLS ACK itself still goes out in clear). */
 static inline ssize_t
-conn_sendv (struct conn *c, struct iovec *iov, int n)
+conn_sendv (struct conn *c, struct iovec *iov, int n, int flags)
 {
   if (c->tls && !c->starttls_pending)
     return tls_sendv (c, iov, n);
   struct msghdr msg = { .msg_iov = iov, .msg_iovlen = n };
-  return sendmsg (c->fd, &msg, MSG_NOSIGNAL);
+  return sendmsg (c->fd, &msg, MSG_NOSIGNAL | flags);
+}
+
+/* A send that failed with errno: 1 when the socket is full (wait for
+ * writability), 2 to try again (EINTR), -1 to close. */
+static int
+send_failed (struct conn *c, const char *what)
+{
+  if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    if (!c->stall_expired)
+      c->send_full = true;
+    return 1;
+  }
+  if (errno == EINTR)
+    return 2;
+  if (errno != EPIPE && errno != ECONNRESET)
+    log_error ("%s: %m", what);
+  return -1;
+}
+
+/* The head reply's file data (its header is out): the kernel sends it
+ * from the page cache.  Returns as send_pending does, 2 to go on. */
+static int
+send_file_part (struct conn *c, struct request *r)
+{
+  off_t off = r->send_off;
+  ssize_t sent = sendfile (c->fd, r->send_fd, &off, r->send_len);
+  if (sent < 0)
+    return send_failed (c, "sendfile");
+  if (sent == 0) {
+    /* The file shrank under the reply: the header promised bytes that do
+     * not exist, and the stream cannot be resynchronised. */
+    log_error ("sendfile: file ended %u bytes short of a READ reply; closing", r->send_len);
+    return -1;
+  }
+  if (cfg.idle_timeout)
+    c->t_active = now_ns ();
+  r->send_off += sent;
+  r->send_len -= sent;
+  c->sendq_bytes -= sent;
+  if (r->send_len == 0) {
+    c->sendq_head = r->next;
+    if (!c->sendq_head)
+      c->sendq_tail = NULL;
+    request_free (c, r);
+  }
+  return 2;
 }
 
 static inline ssize_t
@@ -190,15 +239,29 @@ send_pending (struct conn *c)
 {
   for (;;) {
     struct iovec iov[SEND_IOV_MAX];
-    int n = 0;
+    int n = 0, flags = 0;
+    struct request *h = c->sendq_head;
+    if (c->ooff == c->olen && h && h->iov_sent == h->niov && h->send_len) {
+      int r = send_file_part (c, h);
+      if (r != 2)
+        return r;
+      continue;
+    }
     if (c->ooff < c->olen) {
       iov[n].iov_base = c->obuf + c->ooff;
       iov[n].iov_len = c->olen - c->ooff;
       n++;
     }
-    for (struct request *r = c->sendq_head; r && n < SEND_IOV_MAX; r = r->next)
+    /* Gather up to a reply whose data is a file: sendfile sends that, right
+     * behind its header (MSG_MORE keeps the header for the same segment). */
+    for (struct request *r = c->sendq_head; r && n < SEND_IOV_MAX; r = r->next) {
       for (unsigned i = r->iov_sent; i < r->niov && n < SEND_IOV_MAX; i++)
         iov[n++] = r->iov[i];
+      if (r->send_len) {
+        flags = MSG_MORE;
+        break;
+      }
+    }
     if (n == 0) {
       int r = c->tls ? tls_flushed (c) : 0;
       if (r == 1 && tls_unsent (c) && !c->stall_expired)
@@ -206,18 +269,12 @@ send_pending (struct conn *c)
       return r;
     }
 
-    ssize_t sent = conn_sendv (c, iov, n);
+    ssize_t sent = conn_sendv (c, iov, n, flags);
     if (sent < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (!c->stall_expired)
-          c->send_full = true;
-        return 1;
-      }
-      if (errno == EINTR)
+      int r = send_failed (c, "send");
+      if (r == 2)
         continue;
-      if (errno != EPIPE && errno != ECONNRESET)
-        log_error ("send: %m");
-      return -1;
+      return r;
     }
 
     size_t left = sent;
@@ -245,8 +302,8 @@ send_pending (struct conn *c)
           left = 0;
         }
       }
-      if (r->iov_sent < r->niov)
-        break;
+      if (r->iov_sent < r->niov || r->send_len)
+        break;                      /* more iovecs, or its file data */
       c->sendq_head = r->next;
       if (!c->sendq_head)
         c->sendq_tail = NULL;
@@ -319,6 +376,14 @@ conn_on_complete (struct request *r)
   c->sendq_tail = r;
   for (unsigned i = 0; i < r->niov; i++)
     c->sendq_bytes += r->iov[i].iov_len;
+  c->sendq_bytes += r->send_len;
+  /* A reply that does not send from its pool buffer (lent memory, a file)
+   * gives it back now, not once the client has read the reply. */
+  if (r->buf && (r->nlent || r->send_len)) {
+    c->buf_bytes -= r->buf->cap;
+    iobuf_put (c->shard->pool, r->buf);
+    r->buf = NULL;
+  }
   /* Big replies go out now, before the next request evicts them from
    * cache.  A full socket sets send_full, which stops the parser.  An
    * error stops it too (want_close); the conn_flush that follows every
@@ -371,8 +436,13 @@ read_some (struct conn *c)
   struct request *r = c->recv_req;
 
   if (r && r->count - c->recv_have >= DIRECT_THRESHOLD && c->roff == c->rlen) {
-    want = r->count - c->recv_have;
-    n = conn_recv (c, (char *) r->buf->data + c->recv_have, want);
+    /* Into the payload's buffer, or the pieces the plugin placed it in. */
+    struct iovec v[8];
+    unsigned nv = protocol_payload_iov (r, c->recv_have, v, c->tls ? 1 : 8);
+    want = 0;
+    for (unsigned i = 0; i < nv; i++)
+      want += v[i].iov_len;
+    n = c->tls ? tls_recv (c, v[0].iov_base, v[0].iov_len) : readv (c->fd, v, nv);
     if (n > 0)
       c->recv_have += n;
   }
@@ -471,6 +541,7 @@ conn_on_read (evutil_socket_t fd, short what, void *arg)
   struct conn *c = arg;
   struct shard *s = c->shard;
   log_current = &c->log;
+  s->reads++;
   if (cfg.idle_timeout)
     c->t_active = now_ns ();       /* vDSO: no syscall */
   conn_pump (c, true);

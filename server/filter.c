@@ -377,6 +377,8 @@ filter_layer_load (struct backend *next, const char *name)
     fprintf (stderr, "blkd: out of memory\n");
     goto fail;
   }
+  if (debug_flags_apply (fl->dl, b->name, b->filename) == -1)   /* -D NAME.FLAG=N */
+    goto fail;
   for (int i = 0; inline_filters[i]; i++)
     if (strcmp (b->name, inline_filters[i]) == 0)
       b->inline_safe = true;

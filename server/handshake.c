@@ -40,12 +40,19 @@ send_error (struct conn *c, uint32_t option, uint32_t reply, const char *msg)
   return send_option_reply (c, option, reply, msg, strlen (msg));
 }
 
+/* The global flags we offer, less those --mask-handshake turned off. */
+static uint16_t
+handshake_gflags (void)
+{
+  return (NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES) & ~cfg.gflags_masked;
+}
+
 void
 handshake_start (struct conn *c)
 {
   uint8_t g[18];
   uint64_t m1 = htobe64 (NBD_MAGIC), m2 = htobe64 (NBD_OPTS_MAGIC);
-  uint16_t flags = htobe16 (NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
+  uint16_t flags = htobe16 (handshake_gflags ());
   memcpy (g, &m1, 8);
   memcpy (g + 8, &m2, 8);
   memcpy (g + 16, &flags, 2);
@@ -356,6 +363,12 @@ static int
 handle_option (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
 {
   log_debug ("option %u, %u bytes", option, len);
+  /* A client that did not take fixed newstyle (--mask-handshake can
+   * withhold it) may only send EXPORT_NAME; the others get ERR_INVALID,
+   * as nbdkit answers them. */
+  if (!c->fixed_newstyle && option != NBD_OPT_EXPORT_NAME)
+    return send_error (c, option, NBD_REP_ERR_INVALID,
+                       "only EXPORT_NAME without fixed newstyle");
   /* --tls=require: nothing but STARTTLS and ABORT in clear, so no export
    * (not even its name or size) is reachable without TLS. */
   if (cfg.tls == TLS_REQUIRE && !c->tls && option != NBD_OPT_STARTTLS
@@ -383,6 +396,8 @@ handle_option (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
   case NBD_OPT_STRUCTURED_REPLY:
     if (len != 0)
       return send_error (c, option, NBD_REP_ERR_INVALID, "STRUCTURED_REPLY takes no data");
+    if (cfg.no_sr)
+      return send_error (c, option, NBD_REP_ERR_UNSUP, "structured replies are off (--no-sr)");
     c->structured = true;
     return send_option_reply (c, option, NBD_REP_ACK, NULL, 0);
   case NBD_OPT_LIST_META_CONTEXT:
@@ -406,11 +421,14 @@ handshake_consume (struct conn *c)
       return 0;
     uint32_t flags = rd32 (in);
     c->roff += 4;
-    if (flags & ~(uint32_t) (NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES)) {
+    /* Client flags must be among those we offered (NBD_FLAG_C_* has the
+     * same bits as the global flags). */
+    if (flags & ~(uint32_t) handshake_gflags ()) {
       log_error ("client sent unknown handshake flags 0x%x; closing", flags);
       return -1;
     }
     c->no_zeroes = flags & NBD_FLAG_C_NO_ZEROES;
+    c->fixed_newstyle = flags & NBD_FLAG_C_FIXED_NEWSTYLE;
     c->phase = CONN_HS_OPTIONS;
     return 0;
   }

@@ -40,6 +40,12 @@ struct blkd_config {
   bool foreground;                /* -f */
   bool readonly;                  /* -r */
   bool socket_activated;          /* LISTEN_FDS was set for us */
+  bool single;                    /* -s: one client on stdin/stdout, no listener */
+  bool vsock;                     /* --vsock: listen on AF_VSOCK, -p is the port */
+  int ip_family;                  /* -4/-6: AF_INET, AF_INET6; 0: both */
+  const char *selinux_label;      /* --selinux-label: label for our listening sockets */
+  uint16_t gflags_masked;         /* handshake flags --mask-handshake turns off */
+  bool no_sr;                     /* --no-sr: refuse STRUCTURED_REPLY */
   int shards;                     /* --shards; default: online CPUs */
   int workers;                    /* --threads: workers per shard (or global pool / shards) */
   uint32_t max_request;           /* --max-request: largest READ/WRITE payload */
@@ -55,6 +61,7 @@ struct blkd_config {
   unsigned max_connections;       /* --max-connections; 0: no limit */
   unsigned handshake_timeout;     /* --handshake-timeout seconds; 0: none */
   unsigned idle_timeout;          /* --idle-timeout seconds; 0: none */
+  unsigned poll_us;               /* --poll-us: spin this long after a read; 0: never */
 
   /* TLS (tls.c). */
   enum tls_mode tls;
@@ -110,6 +117,7 @@ int backend_stack_load (const char *plugin, const char *const *filters, int nfil
 int backend_stack_dump (const char *plugin, const char *const *filters, int nfilters);
 int backend_stack_after_fork (void);
 void backend_stack_unload (void);
+int plugin_help (const char *name);   /* PLUGIN --help: nbdkit's plugin usage */
 const char *plugin_name (void);
 char *plugin_exe_dir (void);      /* malloc'd; NULL if /proc/self/exe fails */
 int backend_thread_model (void);  /* the strictest of all layers */
@@ -151,6 +159,30 @@ backend_unlock_request (struct backend_conn *bc)
     pthread_mutex_unlock (&bc->request_lock);
 }
 
+/* blkd's extension (include/blkd-plugin.h), plugin.c: ENOTSUP when the
+ * plugin has no such call or any layer sits between the protocol and the
+ * plugin (a filter or the cache must see the data); the caller then goes
+ * through the stack with a pool buffer.  pread_lend, pread_fd and
+ * pwrite_commit run inside the request's backend_lock_request;
+ * pwrite_place takes it itself (it runs while the request is parsed). */
+struct blkd_lend;
+bool plugin_can_lend (void);
+int plugin_pread_lend (struct backend_conn *bc, uint32_t count, uint64_t offset,
+                       struct blkd_lend *l);
+void plugin_lend_release (void *const *token, unsigned n, uint32_t bytes);
+int plugin_pread_fd (struct backend_conn *bc, uint32_t count, uint64_t offset, int *fd,
+                     uint64_t *file_offset);
+int plugin_pwrite_place (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
+                         struct blkd_lend *dst);
+int plugin_pwrite_commit (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
+                          struct blkd_lend *dst, bool ok);
+struct plugin_lend_stats {
+  uint64_t lent_bytes;            /* lent to replies not yet sent */
+  uint64_t lent_replies, sendfile_replies, placed_writes;   /* totals */
+  uint64_t placed_bytes;          /* placed payloads not yet committed */
+};
+void plugin_lend_stats (struct plugin_lend_stats *out);
+
 /* ---- buffers (iobuf.c) ---------------------------------------------- */
 
 struct iobuf {
@@ -173,6 +205,8 @@ size_t iobuf_pool_bytes (const struct iobuf_pool *p);
 /* ---- requests (protocol.c) ------------------------------------------ */
 
 #define REQ_MAX_CHUNKS 16         /* sparse read: data/hole chunks at most */
+/* Lent pieces one reply can carry: every iovec but the header's. */
+#define REQ_LEND_MAX   (2 * REQ_MAX_CHUNKS + 1)
 
 /* One request from header to reply.  Large (the reply headers live here)
  * and recycled by the pool without a memset: request_reset() sets exactly
@@ -193,6 +227,19 @@ struct request {
   unsigned niov, iov_sent;
   struct iovec iov[2 * REQ_MAX_CHUNKS + 2];
   uint8_t hdr[REQ_MAX_CHUNKS * 40 + 64];
+  /* Zero-copy (blkd's extension).  A lent READ's data iovecs point into
+   * the plugin's memory, and its tokens go back when the request is freed;
+   * a placed WRITE's payload arrives in iov[0..nlent) (the plugin's memory)
+   * and is committed or discarded; a sendfile READ sends send_len bytes of
+   * send_fd after its header iovecs. */
+  unsigned nlent;
+  uint32_t lent_bytes;
+  uint32_t held;                  /* placed bytes counted in conn buf_bytes */
+  bool placed;
+  int send_fd;
+  uint32_t send_len;
+  uint64_t send_off;
+  void *lent_token[REQ_LEND_MAX];
 };
 
 void request_reset (struct request *r);
@@ -203,6 +250,12 @@ void protocol_execute (struct request *r);
 /* Build r's reply iovecs from its result (shard thread). */
 void protocol_build_reply (struct request *r);
 uint32_t protocol_nbd_error (int err, const struct request *r);
+/* Where a WRITE's payload from byte `have` on goes: at most max iovecs
+ * (the pool buffer, or the pieces of a placed write); 0 when complete. */
+unsigned protocol_payload_iov (struct request *r, uint32_t have, struct iovec *v,
+                               unsigned max);
+/* The request's lent memory or placed payload goes back to the plugin. */
+void protocol_release (struct request *r);
 
 /* ---- connections (conn.c) ------------------------------------------- */
 
@@ -224,6 +277,7 @@ struct conn {
   struct event *ev_read, *ev_write;
   enum conn_phase phase;
   bool no_zeroes, structured, meta_base_allocation, want_close;
+  bool fixed_newstyle;            /* client set NBD_FLAG_C_FIXED_NEWSTYLE */
   bool read_paused;               /* back-pressure: not watching the socket */
   bool read_drained;              /* last read was short: socket empty */
   bool waiting_buffers;           /* on the shard's list of pool waiters */
@@ -322,6 +376,7 @@ struct shard {
   struct event *ev_sweep;         /* once a second: handshake/idle timeouts */
   struct queue *queue;            /* this shard's work queue (split mode) */
   bool draining;
+  uint64_t reads;                 /* read callbacks run: the poll window's signal */
   struct shard_stats *stats;      /* counters and delay accounting (delayacct.c) */
 };
 
@@ -357,6 +412,14 @@ void listen_cleanup (void);                       /* unlink Unix socket */
 const char *listen_uri (void);
 const char *listen_port (void);
 const char *listen_unix_path (void);
+
+/* ---- -D NAME.FLAG=N (debugflags.c) ------------------------------------ */
+
+int debug_flag_add (const char *arg);             /* -1 + message */
+/* Set NAME_debug_FLAG in a just-opened plugin (or filter) named NAME. */
+int debug_flags_apply (void *dl, const char *name, const char *path);
+void debug_flags_warn_unused (void);
+void debug_flags_free (void);
 
 /* ---- misc ----------------------------------------------------------- */
 

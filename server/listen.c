@@ -1,13 +1,18 @@
-/* Listeners: TCP (IPv4/IPv6), Unix sockets and systemd socket activation;
- * accepts on the main loop and hands each connection to a shard. */
+/* Listeners: TCP (IPv4/IPv6), Unix sockets, AF_VSOCK, systemd socket
+ * activation and -s's one client on stdin/stdout; accepts on the main
+ * loop and hands each connection to a shard. */
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/vm_sockets.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -27,6 +32,7 @@ static struct event *retry_ev;          /* accept paused: EMFILE or model 0 */
 static bool created_unix_socket;
 static char bound_port[16];
 static char uri[512];
+static int single_fd = -1;              /* -s: our dup of stdin until handed over */
 
 const char *listen_port (void) { return bound_port; }
 const char *listen_unix_path (void) { return cfg.unix_path; }
@@ -93,7 +99,8 @@ setup_unix (const char *path)
 static int
 setup_tcp (const char *ip, const char *port)
 {
-  struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+  struct addrinfo hints = { .ai_family = cfg.ip_family ? cfg.ip_family : AF_UNSPEC,
+                            .ai_socktype = SOCK_STREAM,
                             .ai_flags = AI_PASSIVE | AI_ADDRCONFIG };
   struct addrinfo *ai;
   int err = getaddrinfo (ip, port, &hints, &ai);
@@ -133,8 +140,110 @@ setup_tcp (const char *ip, const char *port)
   return 0;
 }
 
+static int
+setup_vsock (const char *port)
+{
+  /* -p 0 asks for any port, as it does for TCP. */
+  unsigned p;
+  if (nbdkit_parse_unsigned ("--vsock -p", port, &p) == -1)
+    return -1;
+  struct sockaddr_vm sa = { .svm_family = AF_VSOCK, .svm_cid = VMADDR_CID_ANY,
+                            .svm_port = p ? p : VMADDR_PORT_ANY };
+  int fd = socket (AF_VSOCK, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd == -1) {
+    fprintf (stderr, "blkd: --vsock: socket: %m (is the vsock module loaded?)\n");
+    return -1;
+  }
+  if (bind (fd, (struct sockaddr *) &sa, sizeof sa) == -1 || listen (fd, SOMAXCONN) == -1) {
+    fprintf (stderr, "blkd: --vsock: cannot listen on port %s: %m\n", port);
+    close (fd);
+    return -1;
+  }
+  socklen_t sl = sizeof sa;
+  if (getsockname (fd, (struct sockaddr *) &sa, &sl) == 0)
+    snprintf (bound_port, sizeof bound_port, "%u", sa.svm_port);
+  return add_fd (fd);
+}
+
+/* -s: fd 0 and fd 1 must be one socket (libnbd's connect_command, inetd's
+ * nowait, systemd's Accept=yes all give that).  A pair of pipes is
+ * refused: the connection code speaks to one socket with recv/sendmsg. */
+static int
+setup_single (void)
+{
+  struct stat in, out;
+  if (fstat (STDIN_FILENO, &in) == -1 || fstat (STDOUT_FILENO, &out) == -1) {
+    fprintf (stderr, "blkd: -s: stdin/stdout: %m\n");
+    return -1;
+  }
+  if (!S_ISSOCK (in.st_mode) || in.st_dev != out.st_dev || in.st_ino != out.st_ino) {
+    fprintf (stderr, "blkd: -s: stdin and stdout must be the same socket "
+             "(blkd does not serve over a pair of pipes)\n");
+    errno = ENOTSOCK;
+    return -1;
+  }
+  single_fd = fcntl (STDIN_FILENO, F_DUPFD_CLOEXEC, 3);
+  int null = open ("/dev/null", O_RDWR | O_CLOEXEC);
+  if (single_fd == -1 || null == -1) {
+    fprintf (stderr, "blkd: -s: %m\n");
+    if (null >= 0)
+      close (null);
+    return -1;
+  }
+  /* Nothing printed to stdout may land in the NBD stream. */
+  dup2 (null, STDIN_FILENO);
+  dup2 (null, STDOUT_FILENO);
+  close (null);
+  return 0;
+}
+
+/* --selinux-label: sockets created from now on get LABEL (NULL: back to
+ * the default).  libselinux is opened at run time so blkd needs neither
+ * its headers to build nor the library where the option is not used. */
+static int
+selinux_socket_label (const char *label)
+{
+  static int (*set_label) (const char *);
+  if (!set_label) {
+    void *lib = dlopen ("libselinux.so.1", RTLD_NOW);
+    if (!lib) {
+      fprintf (stderr, "blkd: --selinux-label: libselinux is not available (%s); "
+               "cannot label sockets\n", dlerror ());
+      return -1;
+    }
+    set_label = (int (*) (const char *)) dlsym (lib, "setsockcreatecon_raw");
+    if (!set_label) {
+      fprintf (stderr, "blkd: --selinux-label: libselinux has no setsockcreatecon_raw\n");
+      return -1;
+    }
+  }
+  if (set_label (label) == -1) {
+    fprintf (stderr, "blkd: --selinux-label: setsockcreatecon_raw: %m "
+             "(SELinux is not enabled on this host?)\n");
+    return -1;
+  }
+  return 0;
+}
+
+static int listen_bind (void);
+
 int
 listen_setup (void)
+{
+  if (cfg.single)
+    return setup_single ();
+  if (cfg.selinux_label && selinux_socket_label (cfg.selinux_label) == -1)
+    return -1;
+  int r = listen_bind ();
+  if (cfg.selinux_label && selinux_socket_label (NULL) == -1)
+    r = -1;
+  return r;
+}
+
+/* Binds what the command line asks for and writes the URI --run and
+ * --print-uri give: nbds:// when TLS is required, as nbdkit does. */
+static int
+listen_bind (void)
 {
   int n = setup_socket_activation ();
   if (n < 0)
@@ -144,13 +253,21 @@ listen_setup (void)
     snprintf (uri, sizeof uri, "nbd://localhost/%s", export);
     return 0;
   }
+  const char *s = cfg.tls == TLS_REQUIRE ? "s" : "";
   if (cfg.unix_path) {
     if (setup_unix (cfg.unix_path) == -1)
       return -1;
-    snprintf (uri, sizeof uri, "nbd+unix:///%s?socket=%s", export, cfg.unix_path);
+    snprintf (uri, sizeof uri, "nbd%s+unix:///%s?socket=%s", s, export, cfg.unix_path);
     return 0;
   }
   const char *port = cfg.port ? cfg.port : "10809";
+  if (cfg.vsock) {
+    if (setup_vsock (port) == -1)
+      return -1;
+    /* CID 1 is this host (VMADDR_CID_LOCAL); a guest uses our CID. */
+    snprintf (uri, sizeof uri, "nbd%s+vsock://1:%s/%s", s, bound_port, export);
+    return 0;
+  }
   if (setup_tcp (cfg.ip, port) == -1)
     return -1;
   /* Port 0 means "any": report the one the kernel chose. */
@@ -163,8 +280,8 @@ listen_setup (void)
   }
   const char *host = cfg.ip ? cfg.ip : "localhost";
   bool v6 = strchr (host, ':') != NULL;
-  snprintf (uri, sizeof uri, "nbd://%s%s%s:%s/%s", v6 ? "[" : "", host, v6 ? "]" : "",
-            bound_port, export);
+  snprintf (uri, sizeof uri, "nbd%s://%s%s%s:%s/%s", s, v6 ? "[" : "", host,
+            v6 ? "]" : "", bound_port, export);
   return 0;
 }
 
@@ -181,6 +298,10 @@ peer_string (const struct sockaddr_storage *ss, char *out, size_t n)
     const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *) ss;
     inet_ntop (AF_INET6, &in6->sin6_addr, host, sizeof host);
     snprintf (out, n, "[%s]:%d", host, ntohs (in6->sin6_port));
+  }
+  else if (ss->ss_family == AF_VSOCK) {
+    const struct sockaddr_vm *vm = (const struct sockaddr_vm *) ss;
+    snprintf (out, n, "vsock:%u:%u", vm->svm_cid, vm->svm_port);
   }
   else
     snprintf (out, n, "unix");
@@ -248,6 +369,12 @@ on_accept (evutil_socket_t lfd, short what, void *arg)
 int
 listen_start (struct event_base *main_base)
 {
+  if (single_fd >= 0) {
+    /* The shard owns it now; when it goes, -s's server stops (shard.c). */
+    shard_handoff (single_fd, "stdin");
+    single_fd = -1;
+    return 0;
+  }
   retry_ev = evtimer_new (main_base, resume_accepting, NULL);
   if (!retry_ev)
     return -1;
@@ -271,6 +398,10 @@ listen_stop (void)
     close (listen_fds[i]);
   }
   nlisten = 0;
+  if (single_fd >= 0) {
+    close (single_fd);
+    single_fd = -1;
+  }
   if (retry_ev) {
     event_free (retry_ev);
     retry_ev = NULL;

@@ -3,11 +3,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,32 +74,57 @@ static void
 usage (FILE *f)
 {
   fprintf (f,
-"Usage: blkd [OPTIONS] [PLUGIN [key=value ...]]\n"
+"Usage: blkd [OPTIONS] [PLUGIN [key=value ...]] [OPTIONS]\n"
 "Serve a block device over NBD from an nbdkit-API plugin.\n"
 "With no PLUGIN, serves the in-tree 'ram' plugin with size=1G.\n"
+"Options may follow the plugin's arguments, as with nbdkit; '--' ends them.\n"
 "\n"
 "Where to listen (nbdkit's options):\n"
 "  -i, --ipaddr ADDR      listen on ADDR only (default: all addresses)\n"
+"                         (also --ip-addr)\n"
 "  -p, --port PORT        TCP port (default 10809; 0 picks a free one)\n"
+"  -4, --ipv4-only        without -i, listen on 0.0.0.0 only; with a name,\n"
+"  -6, --ipv6-only        resolve it to IPv4 (-4) or IPv6 (-6) only; last wins\n"
 "  -U, --unix PATH        listen on a Unix socket instead of TCP\n"
 "                         (systemd socket activation is used when LISTEN_FDS is set)\n"
+"  -U -                   a private socket in a private directory, both removed\n"
+"                         at exit (for --run)\n"
+"      --vsock            listen on AF_VSOCK (port from -p, default 10809)\n"
+"  -s, --single, --stdin  serve one client on stdin/stdout (one socket), no\n"
+"                         listener; exit when it leaves (implies -f)\n"
+"      --selinux-label=LABEL  SELinux label for the listening sockets\n"
 "  -e, --exportname NAME  export name shown by LIST and used in --run's $uri\n"
+"                         (also --export-name, --export)\n"
 "  -r, --readonly         refuse writes (the plugin is opened read-only)\n"
+"                         (also --read-only)\n"
+"      --mask-handshake=MASK  clear global handshake flags not in MASK\n"
+"                         (bit 0 FIXED_NEWSTYLE, bit 1 NO_ZEROES; default 3)\n"
+"      --no-sr            do not offer structured replies\n"
 "\n"
 "Process:\n"
-"  -f, --foreground       do not fork into the background\n"
+"  -f, --foreground       do not fork into the background (also --no-fork)\n"
 "  -P, --pidfile FILE     write the server's PID to FILE\n"
+"  -u, --user USER        change to USER (name or uid) once the sockets are\n"
+"  -g, --group GROUP      bound, before any client; GROUP likewise\n"
+"      --exit-with-parent exit (cleanly) when the parent process exits (implies -f)\n"
 "  -v, --verbose          debug messages (and nbdkit_debug from plugins)\n"
-"      --run CMD          run CMD with $uri, $nbd, $port, $unixsocket set, then\n"
-"                         stop the server and exit with CMD's status\n"
+"  -D, --debug NAME.FLAG=N  set the plugin's (or a filter's) NAME_debug_FLAG\n"
+"                         variable to N (nbdkit.* flags are accepted and have\n"
+"                         no effect)\n"
+"      --run CMD          run CMD with $uri, $nbd, $port, $unixsocket,\n"
+"                         $exportname and $tls set, then stop the server and\n"
+"                         exit with CMD's status (implies -f)\n"
+"      --print-uri        print the URI clients connect to on stdout\n"
 "      --filter NAME      stack an nbdkit filter over the plugin (repeatable; the\n"
 "                         first named is outermost), by name or path\n"
 "      --dump-plugin      print what the plugin and filters provide and exit\n"
-"  -h, --help             this text\n"
+"  -h, --help             this text; with a PLUGIN, its parameters too\n"
 "  -V, --version          print the version and exit\n"
 "\n"
 "Engine:\n"
 "      --shards N         event-loop threads, one per core (default: online CPUs)\n"
+"      --poll-us N        after a read, look for the next request for N us\n"
+"                         before sleeping in epoll (default 0: sleep at once)\n"
 "  -t, --threads N        plugin worker threads per shard (default 16)\n"
 "      --max-request SIZE largest READ/WRITE accepted and advertised (default 32M)\n"
 "      --max-inflight N   requests in flight per connection before reading\n"
@@ -123,8 +152,8 @@ usage (FILE *f)
 "      --tls-certificates DIR  ca-cert.pem, server-cert.pem, server-key.pem\n"
 "      --tls-verify-peer  client certificates must chain to the CA\n"
 "      --tls-psk FILE     pre-shared keys, psktool's username:hexkey format\n"
-"      --tls-seal WHO     blkd (default: TLS 1.3 records we send are sealed by\n"
-"                         blkd, several per send) or openssl (SSL_write)\n"
+"      --tls-seal WHO     openssl (default: SSL_write seals) or blkd (opt-in:\n"
+"                         blkd seals TLS 1.3 records itself, less CPU)\n"
 "\n"
 "Observability:\n"
 "      --metrics ADDR:PORT  serve /metrics (Prometheus), /stats (JSON), /healthz\n"
@@ -183,15 +212,32 @@ parse_choice (const char *opt, const char *arg, const char *const *choices)
 }
 
 enum {
-  OPT_RUN = 256, OPT_DUMP_PLUGIN, OPT_SHARDS, OPT_MAX_REQUEST, OPT_MAX_INFLIGHT,
+  OPT_RUN = 256, OPT_DUMP_PLUGIN, OPT_SHARDS, OPT_POLL_US, OPT_MAX_REQUEST, OPT_MAX_INFLIGHT,
   OPT_DISPATCH, OPT_IOBUF, OPT_IOBUF_MEM, OPT_QUEUE, OPT_SPARSE_READS,
   OPT_MAX_CONNECTIONS, OPT_HANDSHAKE_TIMEOUT, OPT_IDLE_TIMEOUT, OPT_TLS,
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_METRICS, OPT_DELAYACCT,
-  OPT_CACHE, OPT_CACHE_BLOCK, OPT_CACHE_MODE, OPT_CACHE_CTOR, OPT_FILTER,
+  OPT_CACHE, OPT_CACHE_BLOCK, OPT_CACHE_MODE, OPT_CACHE_CTOR,
+  OPT_EXIT_WITH_PARENT, OPT_MASK_HANDSHAKE, OPT_NO_SR, OPT_PRINT_URI, OPT_SELINUX_LABEL,
+  OPT_VSOCK, OPT_FILTER,
 };
 
 static const struct option long_opts[] = {
   { "ipaddr", required_argument, NULL, 'i' },
+  { "ip-addr", required_argument, NULL, 'i' },
+  { "ipv4-only", no_argument, NULL, '4' },
+  { "ipv6-only", no_argument, NULL, '6' },
+  { "debug", required_argument, NULL, 'D' },
+  { "exit-with-parent", no_argument, NULL, OPT_EXIT_WITH_PARENT },
+  { "group", required_argument, NULL, 'g' },
+  { "user", required_argument, NULL, 'u' },
+  { "single", no_argument, NULL, 's' },
+  { "stdin", no_argument, NULL, 's' },
+  { "mask-handshake", required_argument, NULL, OPT_MASK_HANDSHAKE },
+  { "no-sr", no_argument, NULL, OPT_NO_SR },
+  { "print-uri", no_argument, NULL, OPT_PRINT_URI },
+  { "selinux-label", required_argument, NULL, OPT_SELINUX_LABEL },
+  { "vsock", no_argument, NULL, OPT_VSOCK },
+  { "export", required_argument, NULL, 'e' },
   { "port", required_argument, NULL, 'p' },
   { "unix", required_argument, NULL, 'U' },
   { "exportname", required_argument, NULL, 'e' },
@@ -208,6 +254,7 @@ static const struct option long_opts[] = {
   { "run", required_argument, NULL, OPT_RUN },
   { "dump-plugin", no_argument, NULL, OPT_DUMP_PLUGIN },
   { "shards", required_argument, NULL, OPT_SHARDS },
+  { "poll-us", required_argument, NULL, OPT_POLL_US },
   { "max-request", required_argument, NULL, OPT_MAX_REQUEST },
   { "max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT },
   { "dispatch", required_argument, NULL, OPT_DISPATCH },
@@ -283,6 +330,94 @@ daemonize (void)
   return 0;
 }
 
+/* -U - (and --run with no address): a socket in a private directory
+ * that only we can enter, both removed at exit, as nbdkit does. */
+static int
+make_private_socket (void)
+{
+  static char sock[64];
+  char tmpl[] = "/tmp/blkdXXXXXX";
+  if (!mkdtemp (tmpl)) {
+    fprintf (stderr, "blkd: mkdtemp: %m\n");
+    return -1;
+  }
+  run_tmpdir = strdup (tmpl);
+  if (!run_tmpdir) {
+    rmdir (tmpl);
+    fprintf (stderr, "blkd: out of memory\n");
+    return -1;
+  }
+  snprintf (sock, sizeof sock, "%s/socket", tmpl);
+  cfg.unix_path = sock;
+  return 0;
+}
+
+/* -u/-g take a name or a number, as nbdkit's do.  -1 + message. */
+static int
+resolve_id (const char *opt, const char *name, bool is_group, unsigned *id)
+{
+  struct group *gr = is_group ? getgrnam (name) : NULL;
+  struct passwd *pw = is_group ? NULL : getpwnam (name);
+  char *end;
+  unsigned long n = strtoul (name, &end, 10);
+  if (gr)
+    *id = gr->gr_gid;
+  else if (pw)
+    *id = pw->pw_uid;
+  else if (*name && !*end)
+    *id = n;
+  else {
+    fprintf (stderr, "blkd: %s: unknown %s '%s'\n", opt, is_group ? "group" : "user", name);
+    return -1;
+  }
+  return 0;
+}
+
+/* After the sockets are bound and before any client is served: the
+ * plugin's load, config and get_ready ran as the starting user; its open
+ * (where plugins such as file open their files) runs as USER, as under
+ * nbdkit.  The private -U - directory and the socket are handed over
+ * first so that the server can still remove them at exit. */
+static int
+drop_privileges (const char *user, unsigned uid, const char *group, unsigned gid)
+{
+  if (!user && !group)
+    return 0;
+  /* The socket too, so that USER can remove it at exit where the
+   * directory lets it (a sticky /tmp does; nbdkit never removes it). */
+  const char *paths[] = { run_tmpdir, cfg.socket_activated ? NULL : listen_unix_path () };
+  for (int i = 0; i < 2; i++)
+    if (paths[i] && chown (paths[i], uid, gid) == -1) {
+      fprintf (stderr, "blkd: chown %s: %m\n", paths[i]);
+      return -1;
+    }
+  if (group && (setgroups (1, &gid) == -1 || setgid (gid) == -1)) {
+    fprintf (stderr, "blkd: -g %s: %m\n", group);
+    return -1;
+  }
+  if (user && setuid (uid) == -1) {
+    fprintf (stderr, "blkd: -u %s: %m\n", user);
+    return -1;
+  }
+  log_debug ("running as uid %d gid %d", (int) getuid (), (int) getgid ());
+  return 0;
+}
+
+/* --exit-with-parent: the kernel sends SIGTERM when the parent goes,
+ * which stops us as cleanly as a kill would.  A parent that went before
+ * prctl took effect is caught by comparing parent ids. */
+static int
+set_exit_with_parent (pid_t parent)
+{
+  if (prctl (PR_SET_PDEATHSIG, SIGTERM) == -1) {
+    fprintf (stderr, "blkd: --exit-with-parent: prctl: %m\n");
+    return -1;
+  }
+  if (getppid () != parent)
+    on_signal (SIGTERM);
+  return 0;
+}
+
 static int
 start_run_command (void)
 {
@@ -296,6 +431,12 @@ start_run_command (void)
     setenv ("nbd", listen_uri (), 1);
     setenv ("port", listen_port (), 1);
     setenv ("unixsocket", listen_unix_path () ? listen_unix_path () : "", 1);
+    setenv ("exportname", cfg.export_name ? cfg.export_name : "", 1);
+    /* nbdkit's $tls: unset when off, 1 for on, 2 for require. */
+    if (cfg.tls == TLS_OFF)
+      unsetenv ("tls");
+    else
+      setenv ("tls", cfg.tls == TLS_ON ? "1" : "2", 1);
     execl ("/bin/sh", "sh", "-c", cfg.run_cmd, (char *) NULL);
     perror ("blkd: /bin/sh");
     _exit (127);
@@ -306,7 +447,9 @@ start_run_command (void)
 int
 main (int argc, char **argv)
 {
-  bool dump = false;
+  bool dump = false, help = false, print_uri = false, exit_with_parent = false;
+  const char *user = NULL, *group = NULL;
+  pid_t parent = getppid ();
   int c, exit_code = EXIT_SUCCESS;
   struct event *ev_stop = NULL, *ev_chld = NULL;
   long ncpu = sysconf (_SC_NPROCESSORS_ONLN);
@@ -316,8 +459,30 @@ main (int argc, char **argv)
   int nfilters = 0;
 
   cfg.shards = ncpu > 0 ? (int) ncpu : 1;
-  while ((c = getopt_long (argc, argv, "+i:p:U:e:rfP:vt:hV", long_opts, NULL)) != -1) {
+  /* GNU order, as nbdkit: options may follow the plugin and its arguments. */
+  while ((c = getopt_long (argc, argv, "46D:e:fg:i:p:P:rst:u:U:vVh", long_opts, NULL)) != -1) {
     switch (c) {
+    case '4': cfg.ip_family = AF_INET; break;
+    case '6': cfg.ip_family = AF_INET6; break;
+    case 'D':
+      if (debug_flag_add (optarg) == -1)
+        return EXIT_FAILURE;
+      break;
+    case 'g': group = optarg; break;
+    case 'u': user = optarg; break;
+    case 's': cfg.single = true; cfg.foreground = true; break;
+    case OPT_EXIT_WITH_PARENT: exit_with_parent = true; cfg.foreground = true; break;
+    case OPT_MASK_HANDSHAKE: {
+      unsigned mask;
+      if (nbdkit_parse_unsigned ("--mask-handshake", optarg, &mask) == -1)
+        return EXIT_FAILURE;
+      cfg.gflags_masked = (uint16_t) ~mask;
+      break;
+    }
+    case OPT_NO_SR: cfg.no_sr = true; break;
+    case OPT_PRINT_URI: print_uri = true; break;
+    case OPT_SELINUX_LABEL: cfg.selinux_label = optarg; break;
+    case OPT_VSOCK: cfg.vsock = true; break;
     case 'i': cfg.ip = optarg; break;
     case 'p': cfg.port = optarg; break;
     case 'U': cfg.unix_path = optarg; break;
@@ -327,11 +492,12 @@ main (int argc, char **argv)
     case 'P': cfg.pidfile = optarg; break;
     case 'v': log_verbose = true; break;
     case 't': cfg.workers = parse_int_opt ("--threads", optarg, 1, 1024); break;
-    case 'h': usage (stdout); return EXIT_SUCCESS;
+    case 'h': help = true; break;
     case 'V': printf ("blkd %s\n", BLKD_VERSION); return EXIT_SUCCESS;
     case OPT_RUN: cfg.run_cmd = optarg; cfg.foreground = true; break;
     case OPT_DUMP_PLUGIN: dump = true; break;
     case OPT_SHARDS: cfg.shards = parse_int_opt ("--shards", optarg, 1, 1024); break;
+    case OPT_POLL_US: cfg.poll_us = parse_int_opt ("--poll-us", optarg, 0, 1000000); break;
     case OPT_MAX_REQUEST:
       cfg.max_request = parse_size_opt ("--max-request", optarg, 512, 1u << 30);
       break;
@@ -427,8 +593,33 @@ main (int argc, char **argv)
     pargc = argc - optind - 1;
   }
 
+  if (help) {
+    usage (stdout);
+    /* Filters (--filter=F) print their help here, before the plugin's,
+     * once a filter host exists: nbdkit's order. */
+    if (optind < argc) {
+      printf ("\n");
+      fflush (stdout);
+      return plugin_help (plugin) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    }
+    return EXIT_SUCCESS;
+  }
   if (dump)
     return backend_stack_dump (plugin, filters, nfilters) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+
+  if (cfg.single && (cfg.run_cmd || cfg.unix_path || cfg.port || cfg.ip || cfg.vsock)) {
+    fprintf (stderr, "blkd: -s cannot be used with --run, -U, -p, -i or --vsock\n");
+    return EXIT_FAILURE;
+  }
+  /* Names are resolved now: a typo fails before anything is bound. */
+  unsigned uid = (uid_t) -1, gid = (gid_t) -1;
+  if ((group && resolve_id ("-g", group, true, &gid) == -1)
+      || (user && resolve_id ("-u", user, false, &uid) == -1))
+    return EXIT_FAILURE;
+  if (cfg.unix_path && (cfg.vsock || cfg.port)) {
+    fprintf (stderr, "blkd: -U cannot be used with -p or --vsock\n");
+    return EXIT_FAILURE;
+  }
 
   /* Every buffer must fit a shard's share, twice over, or one request
    * could wait forever for memory held by nobody. */
@@ -440,10 +631,20 @@ main (int argc, char **argv)
   cfg.iobuf_mem = iobuf_mem;
 
   signal (SIGPIPE, SIG_IGN);
+  /* Handlers first: a signal from here on stops us through the normal
+   * exit path, which removes sockets and temporary directories. */
+  struct sigaction sa = { .sa_handler = on_signal };
+  sigemptyset (&sa.sa_mask);
+  sigaction (SIGINT, &sa, NULL);
+  sigaction (SIGTERM, &sa, NULL);
+  if (exit_with_parent && set_exit_with_parent (parent) == -1)
+    return EXIT_FAILURE;
   if (backend_stack_load (plugin, filters, nfilters, pargc, pargv) == -1) {
     backend_stack_unload ();
+    debug_flags_free ();
     return EXIT_FAILURE;
   }
+  debug_flags_warn_unused ();
   /* TLS files are checked before we bind or fork: a bad key is a loud
    * start-up error, not a handshake failure on every connection. */
   if (cfg.tls != TLS_OFF && tls_setup () == -1) {
@@ -453,20 +654,32 @@ main (int argc, char **argv)
   }
 
   /* --run without an address: a private Unix socket, as nbdkit does. */
-  if (cfg.run_cmd && !cfg.port && !cfg.unix_path && !cfg.ip && !getenv ("LISTEN_FDS")) {
-    char tmpl[] = "/tmp/blkdXXXXXX";
-    if (!mkdtemp (tmpl)) {
-      fprintf (stderr, "blkd: mkdtemp: %m\n");
-      return EXIT_FAILURE;
-    }
-    run_tmpdir = strdup (tmpl);
-    static char sock[64];
-    snprintf (sock, sizeof sock, "%s/socket", tmpl);
-    cfg.unix_path = sock;
+  bool private_socket = cfg.unix_path && strcmp (cfg.unix_path, "-") == 0;
+  if (cfg.run_cmd && !cfg.port && !cfg.unix_path && !cfg.ip && !cfg.vsock
+      && !getenv ("LISTEN_FDS"))
+    private_socket = true;
+  if (private_socket && make_private_socket () == -1) {
+    exit_code = EXIT_FAILURE;
+    goto out_listen;
   }
   if (listen_setup () == -1) {
-    backend_stack_unload ();
-    return EXIT_FAILURE;
+    exit_code = EXIT_FAILURE;
+    goto out_listen;
+  }
+  /* --run's command starts now, as nbdkit's does: as the starting user
+   * (before -u/-g), its first connection waiting in the backlog until
+   * the shards serve it. */
+  if (cfg.run_cmd && start_run_command () == -1) {
+    exit_code = EXIT_FAILURE;
+    goto out_listen;
+  }
+  if (drop_privileges (user, uid, group, gid) == -1) {
+    exit_code = EXIT_FAILURE;
+    goto out_listen;
+  }
+  if (print_uri && !cfg.single) {
+    printf ("%s\n", listen_uri ());
+    fflush (stdout);
   }
   if (!cfg.foreground && !cfg.socket_activated && daemonize () == -1)
     return EXIT_FAILURE;
@@ -483,10 +696,6 @@ main (int argc, char **argv)
     goto out_listen;
   }
   public_shutdown_hook = server_request_stop;
-  struct sigaction sa = { .sa_handler = on_signal };
-  sigemptyset (&sa.sa_mask);
-  sigaction (SIGINT, &sa, NULL);
-  sigaction (SIGTERM, &sa, NULL);
 
   /* Shard threads inherit this mask: signals land on the main thread. */
   sigset_t block, old;
@@ -514,7 +723,7 @@ main (int argc, char **argv)
     exit_code = EXIT_FAILURE;
     goto out_events;
   }
-  if (cfg.foreground && !cfg.run_cmd)
+  if (cfg.foreground && !cfg.run_cmd && !cfg.single)
     fprintf (stderr, "blkd: serving %s on %s (%d shards)\n", plugin_name (), listen_uri (),
              cfg.shards);
   if (daemon_ready_fd >= 0) {
@@ -523,10 +732,9 @@ main (int argc, char **argv)
     close (daemon_ready_fd);
     daemon_ready_fd = -1;
   }
-  if (cfg.run_cmd && start_run_command () == -1) {
-    exit_code = EXIT_FAILURE;
-    goto out_events;
-  }
+  /* The command may have ended before SIGCHLD was watched. */
+  if (cfg.run_cmd)
+    on_sigchld (-1, 0, NULL);
   if (public_shutdown_requested ())
     server_request_stop ();
 
@@ -546,20 +754,21 @@ out_events:
 out_shards:
   atomic_store (&server_stopping, true);
   shard_stop_all ();
-  if (run_pid > 0) {
-    kill (run_pid, SIGTERM);
-    waitpid (run_pid, NULL, 0);
-  }
   if (main_base)
     event_base_free (main_base);
   if (stop_fd >= 0)
     close (stop_fd);
 out_listen:
+  if (run_pid > 0) {
+    kill (run_pid, SIGTERM);
+    waitpid (run_pid, NULL, 0);
+  }
   listen_stop ();
   listen_cleanup ();
   metrics_stop ();                /* it answered 503 while the shards drained */
   stats_free ();
   backend_stack_unload ();        /* writeback: dirty blocks reach the plugin */
+  debug_flags_free ();
   tls_cleanup ();
   if (cfg.pidfile && exit_code == EXIT_SUCCESS)
     unlink (cfg.pidfile);

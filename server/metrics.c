@@ -288,6 +288,19 @@ on_metrics (struct evhttp_request *req, void *arg)
             "connection.", c.instances);
   }
 
+  struct plugin_lend_stats ls;
+  plugin_lend_stats (&ls);
+  scalar (b, "blkd_lend_bytes", "gauge", "Plugin memory lent to replies not yet sent.",
+          ls.lent_bytes);
+  scalar (b, "blkd_lend_replies_total", "counter", "READ replies sent from lent memory.",
+          ls.lent_replies);
+  scalar (b, "blkd_sendfile_replies_total", "counter", "READ replies sent with sendfile.",
+          ls.sendfile_replies);
+  scalar (b, "blkd_write_placed_bytes", "gauge",
+          "Plugin memory holding WRITE payloads not yet committed.", ls.placed_bytes);
+  scalar (b, "blkd_write_placed_total", "counter",
+          "WRITE payloads received in place and committed.", ls.placed_writes);
+
   head (b, "blkd_iobuf_pool_bytes", "gauge", "Request buffer pool memory, by shard.");
   for (int i = 0; i < stats_nshards (); i++)
     evbuffer_add_printf (b, "blkd_iobuf_pool_bytes{shard=\"%d\"} %" PRIu64 "\n", i,

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "blkd-plugin.h"
 
 #ifndef NBDKIT_PLUGINDIR
 #error "NBDKIT_PLUGINDIR comes from pkg-config (see the Makefile)"
@@ -22,6 +23,11 @@ static void *dl;
 static int api_version;
 static bool loaded;                 /* .load ran: .unload is due */
 static struct backend layer;       /* defined at the end */
+/* blkd's own extension (include/blkd-plugin.h), NULL for nbdkit's plugins. */
+static const struct blkd_plugin_extension *ext;
+static struct {
+  atomic_ullong lent_bytes, lent_replies, sendfile_replies, placed_bytes, placed_writes;
+} lend_stats;                       /* any thread */
 
 /* Writes nobody sees the data of: zero emulation through pwrite. */
 #define ZERO_BUF_SIZE (1024 * 1024)
@@ -95,10 +101,20 @@ plugin_open_dl (const char *name)
     fprintf (stderr, "blkd: %s: plugin name is missing or invalid\n", path);
     return -1;
   }
+  if (debug_flags_apply (dl, p.name, path) == -1)
+    return -1;
   bool has_pread = api_version == 1 ? p._pread_v1 != NULL : p.pread != NULL;
   if (!p.open || !p.get_size || !has_pread) {
     fprintf (stderr, "blkd: %s: plugin must define open, get_size and pread\n", path);
     return -1;
+  }
+  ext = dlsym (dl, "blkd_plugin_extension");
+  if (ext && (ext->version != BLKD_PLUGIN_EXTENSION_VERSION
+              || ext->size < offsetof (struct blkd_plugin_extension, lend_release)
+                             + sizeof ext->lend_release)) {
+    fprintf (stderr, "blkd: %s: blkd_plugin_extension version %u size %u not understood; "
+             "copying instead\n", path, ext->version, ext->size);
+    ext = NULL;
   }
   layer.name = strdup (p.name);
   return layer.name ? 0 : -1;
@@ -194,6 +210,7 @@ plugin_unload (struct backend *b)
 #endif
     dl = NULL;
   }
+  ext = NULL;
   free (layer.filename);
   free (layer.name);
   layer.filename = layer.name = NULL;
@@ -611,7 +628,148 @@ plugin_layer_load (const char *name)
   zero_buf = calloc (1, ZERO_BUF_SIZE);
   if (!zero_buf) {
     fprintf (stderr, "blkd: out of memory\n");
+    plugin_unload (&layer);
     return NULL;
   }
   return &layer;
+}
+
+/* nbdkit's plugin usage, printed after the server's for PLUGIN --help:
+ * name (longname), path, description, config_help. */
+int
+plugin_help (const char *name)
+{
+  if (!plugin_layer_load (name)) {
+    plugin_unload (&layer);
+    return -1;
+  }
+  printf ("plugin: %s", p.name);
+  if (p.longname)
+    printf (" (%s)", p.longname);
+  printf ("\n(%s)\n", layer.filename);
+  const char *const texts[] = { p.description, p.config_help };
+  for (size_t i = 0; i < 2; i++) {
+    size_t n = texts[i] ? strlen (texts[i]) : 0;
+    if (n)
+      printf ("%s%s", texts[i], texts[i][n - 1] == '\n' ? "" : "\n");
+  }
+  fflush (stdout);
+  plugin_unload (&layer);
+  public_release_global ();
+  return 0;
+}
+
+/* ---- lending (blkd's extension) ------------------------------------ */
+
+/* An extension call the plugin's struct is long enough to hold. */
+#define EXT_HAS(field) \
+  (ext && ext->size >= offsetof (struct blkd_plugin_extension, field) + sizeof ext->field \
+   && ext->field)
+
+/* Lending hands the plugin's memory straight to the socket, so only a
+ * plugin that is the whole stack may lend: a filter or the cache in
+ * between must see (and maybe keep) the data, so the stack copies. */
+static bool
+lend_direct (void)
+{
+  return backend_top == &layer;
+}
+
+bool
+plugin_can_lend (void)
+{
+  return lend_direct () && EXT_HAS (lend_pread) && EXT_HAS (lend_release);
+}
+
+/* The request's lock is held (protocol_execute): no lock here. */
+int
+plugin_pread_lend (struct backend_conn *bc, uint32_t count, uint64_t offset,
+                   struct blkd_lend *l)
+{
+  if (!plugin_can_lend ())
+    return ENOTSUP;
+  l->n = 0;
+  public_last_error = 0;
+  int r = ext->lend_pread (bc->top->handle, count, offset, 0, l);
+  int err = r == -1 ? callback_error (errno) : 0;
+  if (err)
+    return err == EOPNOTSUPP ? ENOTSUP : err;
+  atomic_fetch_add (&lend_stats.lent_bytes, count);
+  atomic_fetch_add (&lend_stats.lent_replies, 1);
+  return 0;
+}
+
+void
+plugin_lend_release (void *const *token, unsigned n, uint32_t bytes)
+{
+  ext->lend_release (token, n);
+  atomic_fetch_sub (&lend_stats.lent_bytes, bytes);
+}
+
+/* The request's lock is held (protocol_execute). */
+int
+plugin_pread_fd (struct backend_conn *bc, uint32_t count, uint64_t offset, int *fd,
+                 uint64_t *file_offset)
+{
+  if (!lend_direct () || !EXT_HAS (pread_fd))
+    return ENOTSUP;
+  public_last_error = 0;
+  int r = ext->pread_fd (bc->top->handle, count, offset, 0, fd, file_offset);
+  int err = r == -1 ? callback_error (errno) : 0;
+  if (!err)
+    atomic_fetch_add (&lend_stats.sendfile_replies, 1);
+  return err == EOPNOTSUPP ? ENOTSUP : err;
+}
+
+/* While the request is parsed, outside protocol_execute: takes the lock. */
+int
+plugin_pwrite_place (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
+                     struct blkd_lend *dst)
+{
+  if (!lend_direct () || !EXT_HAS (pwrite_place) || !EXT_HAS (pwrite_commit))
+    return ENOTSUP;
+  if (!bc->caps.can_write)
+    return EROFS;
+  dst->n = 0;
+  backend_lock_request (bc);
+  int r = ext->pwrite_place (bc->top->handle, count, offset,
+                             fua_native (bc->top, fua ? NBDKIT_FLAG_FUA : 0)
+                             ? NBDKIT_FLAG_FUA : 0, dst);
+  int err = r == -1 ? callback_error (errno) : 0;
+  backend_unlock_request (bc);
+  if (!err)
+    atomic_fetch_add (&lend_stats.placed_bytes, count);
+  return err == EOPNOTSUPP ? ENOTSUP : err;
+}
+
+/* The request's lock is held (protocol_execute, or protocol_release's
+ * discard, which takes it). */
+int
+plugin_pwrite_commit (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
+                      struct blkd_lend *dst, bool ok)
+{
+  struct context *c = bc->top;
+  uint32_t flags = fua && ok ? NBDKIT_FLAG_FUA : 0;
+  int err = 0;
+  public_last_error = 0;
+  int r = ext->pwrite_commit (c->handle, count, offset,
+                              fua_native (c, flags) ? NBDKIT_FLAG_FUA : 0, dst, ok);
+  if (r == -1)
+    err = callback_error (errno);
+  else if (finish_fua (c, 0, flags, &err) == -1 && !err)
+    err = EIO;
+  atomic_fetch_sub (&lend_stats.placed_bytes, count);
+  if (ok && !err)
+    atomic_fetch_add (&lend_stats.placed_writes, 1);
+  return err;
+}
+
+void
+plugin_lend_stats (struct plugin_lend_stats *out)
+{
+  out->lent_bytes = atomic_load (&lend_stats.lent_bytes);
+  out->lent_replies = atomic_load (&lend_stats.lent_replies);
+  out->sendfile_replies = atomic_load (&lend_stats.sendfile_replies);
+  out->placed_bytes = atomic_load (&lend_stats.placed_bytes);
+  out->placed_writes = atomic_load (&lend_stats.placed_writes);
 }

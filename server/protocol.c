@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "blkd-plugin.h"
 #include "delayacct.h"
 
 /* Below this, a read is not worth an extents query to find holes in it. */
@@ -27,6 +28,10 @@ request_reset (struct request *r)
   r->buf = NULL;
   r->niov = 0;
   r->iov_sent = 0;
+  r->nlent = 0;
+  r->held = 0;
+  r->placed = false;
+  r->send_len = 0;
 }
 
 /* The one place errno becomes an NBD error (nbdkit's mapping). */
@@ -323,6 +328,90 @@ plan_sparse_read (struct request *r, struct read_piece *pc)
   return n;
 }
 
+/* The lent pieces must cover the range exactly: a plugin that says
+ * otherwise would desynchronise the stream, so it is an error instead. */
+static bool
+lend_covers (const struct blkd_lend *l, uint32_t count)
+{
+  uint64_t sum = 0;
+  if (l->n == 0 || l->n > l->max)
+    return false;
+  for (unsigned i = 0; i < l->n; i++)
+    sum += l->iov[i].iov_len;
+  return sum == count;
+}
+
+/* Reply without copying: the kernel sends from the plugin's file
+ * (clear text only: TLS must see the bytes to seal them), or the reply
+ * points into memory the plugin lends until the request is freed.
+ * ENOTSUP: copy instead. */
+static int
+read_lent (struct request *r)
+{
+  struct conn *c = r->conn;
+  struct read_piece whole = { r->offset, r->count, false };
+
+  if (!c->tls) {
+    int fd;
+    uint64_t foff;
+    int err = plugin_pread_fd (&c->pc, r->count, r->offset, &fd, &foff);
+    if (err != ENOTSUP && err != E2BIG) {
+      if (err)
+        return err;
+      put_read_reply (r, &whole, 1);
+      r->niov--;                    /* the data iovec: sendfile sends it */
+      r->send_fd = fd;
+      r->send_off = foff;
+      r->send_len = r->count;
+      return 0;
+    }
+  }
+
+  struct blkd_lend l = { .iov = r->iov + 1, .token = r->lent_token, .max = REQ_LEND_MAX };
+  int err = plugin_pread_lend (&c->pc, r->count, r->offset, &l);
+  if (err)
+    return err == E2BIG ? ENOTSUP : err;
+  r->nlent = l.n < REQ_LEND_MAX ? l.n : REQ_LEND_MAX;
+  r->lent_bytes = r->count;
+  if (!lend_covers (&l, r->count)) {
+    log_error ("plugin %s lent %u pieces that do not cover %u bytes", plugin_name (),
+               l.n, r->count);
+    protocol_release (r);
+    return EIO;
+  }
+  /* The header goes in iov[0], before the pieces the plugin filled. */
+  r->niov = 0;
+  if (!c->structured)
+    put_simple (r, 0);
+  else {
+    uint64_t off = htobe64 (r->offset);
+    put_chunk (r, 0, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_OFFSET_DATA, 8 + r->count, &off, 8);
+  }
+  r->niov = 1 + r->nlent;
+  return 0;
+}
+
+void
+protocol_release (struct request *r)
+{
+  struct conn *c = r->conn;
+  if (r->placed) {
+    struct blkd_lend dst = { .iov = r->iov, .token = r->lent_token, .max = REQ_LEND_MAX,
+                             .n = r->nlent };
+    r->placed = false;
+    r->nlent = 0;
+    log_debug ("WRITE offset %llu count %u: payload incomplete, discarded",
+               (unsigned long long) r->offset, r->count);
+    backend_lock_request (&c->pc);  /* outside protocol_execute */
+    plugin_pwrite_commit (&c->pc, r->count, r->offset, false, &dst, false);
+    backend_unlock_request (&c->pc);
+  }
+  else if (r->nlent) {
+    plugin_lend_release (r->lent_token, r->nlent, r->lent_bytes);
+    r->nlent = 0;
+  }
+}
+
 static int
 do_read (struct request *r)
 {
@@ -338,7 +427,10 @@ do_read (struct request *r)
       && c->pc.caps.can_extents && r->count >= SPARSE_READ_MIN)
     n = plan_sparse_read (r, pc);
   if (n == 0) {
-    int err = top_pread (c, r->buf->data, r->count, r->offset);
+    int err = read_lent (r);
+    if (err != ENOTSUP)
+      return err;
+    err = top_pread (c, r->buf->data, r->count, r->offset);
     if (!err) {
       struct read_piece whole = { r->offset, r->count, false };
       put_read_reply (r, &whole, 1);
@@ -418,7 +510,15 @@ protocol_execute (struct request *r)
     err = do_read (r);
     break;
   case NBD_CMD_WRITE:
-    err = backend_pwrite (top, r->buf->data, r->count, r->offset, fua, &err) == -1 ? err : 0;
+    if (r->placed) {
+      struct blkd_lend dst = { .iov = r->iov, .token = r->lent_token, .max = REQ_LEND_MAX,
+                               .n = r->nlent };
+      r->placed = false;            /* the plugin owns the pieces again */
+      r->nlent = 0;
+      err = plugin_pwrite_commit (&c->pc, r->count, r->offset, fua, &dst, true);
+    }
+    else
+      err = backend_pwrite (top, r->buf->data, r->count, r->offset, fua, &err) == -1 ? err : 0;
     break;
   case NBD_CMD_FLUSH:
     err = backend_flush (top, 0, &err) == -1 ? err : 0;
@@ -455,6 +555,62 @@ protocol_execute (struct request *r)
 }
 
 /* ---- input --------------------------------------------------------- */
+
+unsigned
+protocol_payload_iov (struct request *r, uint32_t have, struct iovec *v, unsigned max)
+{
+  if (!r->placed) {
+    if (max == 0 || have >= r->count)
+      return 0;
+    v[0] = (struct iovec) { (char *) r->buf->data + have, r->count - have };
+    return 1;
+  }
+  unsigned n = 0;
+  for (unsigned i = 0; i < r->nlent && n < max; i++) {
+    size_t len = r->iov[i].iov_len;
+    if (have >= len) {
+      have -= len;
+      continue;
+    }
+    v[n++] = (struct iovec) { (char *) r->iov[i].iov_base + have, len - have };
+    have = 0;
+  }
+  return n;
+}
+
+/* Ask the plugin for the WRITE payload's final place, so the socket
+ * writes it there and the plugin never copies it.  False: the payload
+ * goes through a pool buffer and pwrite. */
+static bool
+place_payload (struct conn *c, struct request *r)
+{
+  /* Placed payloads count against the connection's share of buffer
+   * memory like pooled ones, so a client cannot make the plugin hold
+   * more fresh memory for it than the pool would: over its share, the
+   * write takes the pool path and waits there. */
+  if (c->buf_bytes && c->buf_bytes + r->count > cfg.iobuf_conn_cap)
+    return false;
+  struct blkd_lend dst = { .iov = r->iov, .token = r->lent_token, .max = REQ_LEND_MAX };
+  int err = plugin_pwrite_place (&c->pc, r->count, r->offset, r->flags & NBD_CMD_FLAG_FUA,
+                                 &dst);
+  if (err) {
+    if (err != ENOTSUP && err != E2BIG)
+      log_debug ("WRITE offset %llu count %u: no place for the payload (%s); copying",
+                 (unsigned long long) r->offset, r->count, strerror (err));
+    return false;
+  }
+  r->placed = true;
+  r->nlent = dst.n < REQ_LEND_MAX ? dst.n : REQ_LEND_MAX;
+  if (!lend_covers (&dst, r->count)) {
+    log_error ("plugin %s placed %u pieces that do not cover %u bytes; copying",
+               plugin_name (), dst.n, r->count);
+    protocol_release (r);
+    return false;
+  }
+  r->held = r->count;
+  c->buf_bytes += r->held;          /* request_free gives it back */
+  return true;
+}
 
 /* Give a request its data buffer; false (and the connection waits) when
  * the pool is at its bound. */
@@ -539,12 +695,15 @@ protocol_consume (struct conn *c)
     }
     if (c->recv_req) {
       struct request *r = c->recv_req;
-      size_t k = r->count - c->recv_have;
-      if (k > avail)
-        k = avail;
-      memcpy ((char *) r->buf->data + c->recv_have, in, k);
-      c->recv_have += k;
-      c->roff += k;
+      struct iovec v;
+      while (avail > 0 && protocol_payload_iov (r, c->recv_have, &v, 1) == 1) {
+        size_t k = v.iov_len < avail ? v.iov_len : avail;
+        memcpy (v.iov_base, in, k);
+        in += k;
+        avail -= k;
+        c->recv_have += k;
+        c->roff += k;
+      }
       if (c->recv_have < r->count)
         return 0;
       c->recv_req = NULL;
@@ -589,6 +748,10 @@ protocol_consume (struct conn *c)
       if (r->type == NBD_CMD_WRITE)
         c->discard_left = r->count;  /* keep in step with the stream */
       fail_request (c, r, err);
+      continue;
+    }
+    if (r->type == NBD_CMD_WRITE && place_payload (c, r)) {
+      start_request (c, r);
       continue;
     }
     if (!attach_buffer (c, r)) {

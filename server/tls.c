@@ -7,10 +7,11 @@
  * path), c->starttls_pending and the CONN_TLS_HANDSHAKE phase; everything
  * OpenSSL is here.  All of it runs on the connection's shard thread.
  *
- * Writes, three ways, best first:
- * - kernel TLS, when the kernel has the tls module: OpenSSL hands the keys
- *   to the socket and SSL_write is a plain write.
- * - blkd seals (TLS 1.3, --tls-seal=blkd, the default): OpenSSL runs the
+ * Writes, three ways:
+ * - kernel TLS (TLS 1.2 only), when the kernel has the tls module: OpenSSL
+ *   hands the keys to the socket and SSL_write is a plain write.
+ * - blkd seals (TLS 1.3, --tls-seal=blkd, an opt-in that a start-up
+ *   self-test must pass): OpenSSL runs the
  *   handshake and all reading; the send direction's traffic secret comes
  *   from OpenSSL's key log callback and tlsrec.c seals replies straight
  *   from the pool buffers into `out`, several records per send(2).  What
@@ -18,7 +19,7 @@
  *   the client's) goes to a null BIO and is re-sealed here from the
  *   plaintext the message callback shows us, so there is one sequence of
  *   records under one key schedule.
- * - SSL_write (TLS 1.2, or --tls-seal=openssl): OpenSSL turns every
+ * - SSL_write (--tls-seal=openssl, the default; TLS 1.2): OpenSSL turns every
  *   SSL_write into at least one record and one write(2), so small pieces
  *   (reply headers, short payloads, several small replies in a row) are
  *   copied into a 16 KiB staging buffer and sealed as one record, and large
@@ -55,10 +56,13 @@
 #define TLS_OUT_RESERVE 1024
 #define TLS_OUT_CAP     (TLS_OUT_RECORDS * TLSREC_MAX_RECORD + TLS_OUT_RESERVE)
 /* RFC 8446 5.5: AES-GCM keys are good for about 2^24.5 full records; we
- * send a KeyUpdate after 2^24 (256 GiB).  BLKD_TLS_REKEY_RECORDS lowers it
- * for the tests. */
+ * send a KeyUpdate after 2^24 (256 GiB), on both sealing paths.  In test
+ * builds (BLKD_TEST_HOOKS) BLKD_TLS_REKEY_RECORDS lowers it. */
 #define TLS_REKEY_RECORDS (UINT64_C (1) << 24)
 #define SEND_PIECES_MAX 64
+/* Shorter pre-shared keys are accepted with a warning (RFC 9257 asks for
+ * at least 128 bits of entropy). */
+#define TLS_PSK_MIN_BYTES 16
 
 /* One connection's session.  c->tls points here. */
 struct tls_conn {
@@ -80,6 +84,7 @@ struct tls_conn {
   char unknown_id[64];            /* ... this one (printable, truncated) */
   bool up;                        /* handshake finished */
   bool read_wants_write;          /* SSL_read needs the socket writable */
+  uint64_t ossl_records;          /* SSL_write path: records under this key */
   uint8_t stage[TLS_RECORD];      /* small pieces gathered into one record */
 };
 
@@ -183,7 +188,15 @@ load_psk_file (const char *path)
       e.key[i] = hi << 4 | lo;
     }
     psks[npsks++] = e;            /* freed by tls_cleanup even on error */
+    if (r == 0 && e.keylen < TLS_PSK_MIN_BYTES)
+      fprintf (stderr, "blkd: warning: --tls-psk: %s:%u: the key for \"%s\" has %zu bits; "
+               "use at least %d (psktool makes 256)\n", path, lineno, line,
+               e.keylen * 8, TLS_PSK_MIN_BYTES * 8);
   }
+  /* The buffer held the last key read in hex (getline reuses it, so only
+   * the last line is still there, but the whole capacity is wiped). */
+  if (line)
+    OPENSSL_cleanse (line, cap);
   free (line);
   fclose (f);
   if (r == 0 && npsks == 0) {
@@ -219,10 +232,24 @@ psk_lookup (const void *id, size_t len)
  * session we hand back is tied to a SHA-256 suite; OpenSSL then picks
  * TLS_AES_128_GCM_SHA256 or TLS_CHACHA20_POLY1305_SHA256, with (EC)DHE
  * when the client offers psk_dhe_ke (GnuTLS does by default). */
+static SSL_SESSION *
+psk_session (SSL *ssl, const struct psk_entry *p)
+{
+  static const unsigned char aes128gcmsha256[] = { 0x13, 0x01 };
+  const SSL_CIPHER *cipher = SSL_CIPHER_find (ssl, aes128gcmsha256);
+  SSL_SESSION *s = SSL_SESSION_new ();
+  if (!cipher || !s || !SSL_SESSION_set1_master_key (s, p->key, p->keylen)
+      || !SSL_SESSION_set_cipher (s, cipher)
+      || !SSL_SESSION_set_protocol_version (s, TLS1_3_VERSION)) {
+    SSL_SESSION_free (s);
+    return NULL;
+  }
+  return s;
+}
+
 static int
 psk_find_session (SSL *ssl, const unsigned char *id, size_t idlen, SSL_SESSION **sess)
 {
-  static const unsigned char aes128gcmsha256[] = { 0x13, 0x01 };
   struct conn *c = SSL_get_app_data (ssl);
   struct tls_conn *t = c->tls;
   const struct psk_entry *p = psk_lookup (id, idlen);
@@ -232,14 +259,9 @@ psk_find_session (SSL *ssl, const unsigned char *id, size_t idlen, SSL_SESSION *
     note_unknown (t, id, idlen);
     return 1;                       /* no PSK: a certificate handshake may follow */
   }
-  const SSL_CIPHER *cipher = SSL_CIPHER_find (ssl, aes128gcmsha256);
-  SSL_SESSION *s = SSL_SESSION_new ();
-  if (!cipher || !s || !SSL_SESSION_set1_master_key (s, p->key, p->keylen)
-      || !SSL_SESSION_set_cipher (s, cipher)
-      || !SSL_SESSION_set_protocol_version (s, TLS1_3_VERSION)) {
-    SSL_SESSION_free (s);
+  SSL_SESSION *s = psk_session (ssl, p);
+  if (!s)
     return 0;
-  }
   t->psk_identity = p->identity;
   *sess = s;
   return 1;
@@ -379,6 +401,35 @@ probe_ktls (void)
 #endif
 }
 
+/* OpenSSL 3.0 cannot move a kernel TLS 1.3 session to a new key: its
+ * KeyUpdate code changes the user-space cipher, never the kernel's
+ * (openssl/openssl#16307), so a client's KeyUpdate, or our own after
+ * rekey_records, would end the session.  kTLS is therefore kept to TLS
+ * 1.2, which has no KeyUpdate.  The server picks TLS 1.3 whenever the
+ * client lists it in supported_versions, so that decides it here, before
+ * any key exists.  A TLS 1.2 session on kTLS also reads record by record:
+ * OpenSSL hands the receive side to the kernel only when what it has read
+ * ends on a record boundary, which read-ahead rarely leaves.  Untested
+ * here: the machines this was written on have no tls module. */
+static int
+ktls_client_hello (SSL *ssl, int *alert, void *arg)
+{
+  const unsigned char *v;
+  size_t len;
+  if (SSL_client_hello_get0_ext (ssl, TLSEXT_TYPE_supported_versions, &v, &len) == 1
+      && len >= 1)
+    for (size_t i = 1; i + 1 < len && i + 1 <= v[0]; i += 2)
+      if (v[i] == 3 && v[i + 1] == 4) {
+        SSL_clear_options (ssl, SSL_OP_ENABLE_KTLS);
+        log_debug ("TLS: the client offers TLS 1.3: no kernel TLS for this session "
+                   "(OpenSSL 3.0 cannot update its keys)");
+        return SSL_CLIENT_HELLO_SUCCESS;
+      }
+  SSL_set_read_ahead (ssl, 0);
+  log_debug ("TLS: a TLS 1.2 client: kernel TLS where the suite allows, no read-ahead");
+  return SSL_CLIENT_HELLO_SUCCESS;
+}
+
 /* ---- records sealed by blkd (tlsrec.c) ------------------------------- */
 
 /* OpenSSL's key log: we keep SERVER_TRAFFIC_SECRET_0, the secret of the
@@ -476,7 +527,7 @@ msg_cb (int write_p, int version, int type, const void *buf, size_t len,
  * that once it seals: have it written now (into the null BIO; msg_cb seals
  * it and moves our key on).  Then tell the loop there is something to send. */
 static void
-answer_key_update (struct conn *c, struct tls_conn *t)
+seal_owed_key_update (struct tls_conn *t)
 {
   /* Mid-way through another post-handshake message OpenSSL refuses
    * (still in init): the next tls_recv tries again. */
@@ -489,6 +540,12 @@ answer_key_update (struct conn *c, struct tls_conn *t)
     }
     ERR_clear_error ();
   }
+}
+
+static void
+answer_key_update (struct conn *c, struct tls_conn *t)
+{
+  seal_owed_key_update (t);
   if (tls_unsent (c) || t->rec_broken)
     event_add (c->ev_write, NULL);
 }
@@ -503,7 +560,7 @@ seal_takeover (struct tls_conn *t)
   const char *why = NULL;
 
   if (cfg.tls_seal != TLS_SEAL_BLKD)
-    why = "OpenSSL (--tls-seal=openssl)";
+    why = "OpenSSL";
   else if (BIO_get_ktls_send (wbio))
     why = "kernel";
   else if (SSL_version (t->ssl) != TLS1_3_VERSION)
@@ -634,6 +691,191 @@ sealed_sendv (struct conn *c, struct tls_conn *t, const struct iovec *iov, int n
   }
 }
 
+/* ---- the sealer's start-up self-test --------------------------------- */
+
+/* blkd's sealer rests on how OpenSSL reports its keys and writes its
+ * post-handshake messages; a new OpenSSL could change either without a
+ * build error.  So --tls-seal=blkd first proves itself: a TLS 1.3
+ * handshake with the configured credentials over an in-memory BIO pair,
+ * records and key updates (ours, and OpenSSL's answer to a client's
+ * request, re-sealed by msg_cb) sealed by blkd, read by an OpenSSL client.
+ * Limits: it proves this OpenSSL build with these suites, not every
+ * client; tests/test-tls-decrypt.py checks the records with a key
+ * schedule of its own. */
+
+#define SELFTEST_BYTES (2 * TLSREC_MAX_CONTENT + 1000)
+
+/* PSK-only servers: the client offers one of the server's identities
+ * (the client SSL's app data) with SHA-256, as GnuTLS clients do. */
+static int
+selftest_psk_use (SSL *ssl, const EVP_MD *md, const unsigned char **id, size_t *idlen,
+                  SSL_SESSION **sess)
+{
+  const struct psk_entry *p = SSL_get_app_data (ssl);
+  SSL_SESSION *s = psk_session (ssl, p);
+  if (!s)
+    return 0;
+  *id = (const unsigned char *) p->identity;
+  *idlen = strlen (p->identity);
+  *sess = s;
+  return 1;
+}
+
+/* Step both ends until the handshake is done: 0, or -1. */
+static int
+selftest_handshake (SSL *srv, SSL *cli)
+{
+  for (int i = 0; i < 16; i++) {
+    int rs = SSL_do_handshake (srv), rc = SSL_do_handshake (cli);
+    if (rs == 1 && rc == 1)
+      return 0;
+    int es = SSL_get_error (srv, rs), ec = SSL_get_error (cli, rc);
+    if ((rs != 1 && es != SSL_ERROR_WANT_READ && es != SSL_ERROR_WANT_WRITE)
+        || (rc != 1 && ec != SSL_ERROR_WANT_READ && ec != SSL_ERROR_WANT_WRITE))
+      return -1;
+  }
+  return -1;
+}
+
+/* One suite against the server context sctx (with a PSK client when psk
+ * is set, else a certificate handshake): NULL when blkd's records read
+ * back exact, else why not. */
+static const char *
+selftest_suite (SSL_CTX *sctx, const struct psk_entry *psk, const char *suite)
+{
+  const char *why = NULL;
+  struct conn *c = calloc (1, sizeof *c);
+  struct tls_conn *t = calloc (1, sizeof *t);
+  SSL_CTX *cctx = SSL_CTX_new (TLS_client_method ());
+  SSL *cli = NULL;
+  BIO *sbio = NULL, *cbio = NULL;
+  uint8_t *sent = malloc (SELFTEST_BYTES), *got = malloc (SELFTEST_BYTES);
+
+  if (!c || !t || !cctx || !sent || !got) {
+    why = "out of memory";
+    goto out;
+  }
+  c->fd = -1;
+  c->tls = t;
+  SSL_CTX_set_min_proto_version (cctx, TLS1_3_VERSION);
+  SSL_CTX_set_verify (cctx, SSL_VERIFY_NONE, NULL);
+  if (psk)
+    SSL_CTX_set_psk_use_session_callback (cctx, selftest_psk_use);
+  t->ssl = SSL_new (sctx);
+  cli = SSL_new (cctx);
+  if (SSL_CTX_set_ciphersuites (cctx, suite) != 1 || !t->ssl || !cli
+      || BIO_new_bio_pair (&sbio, 4 * TLS_OUT_CAP, &cbio, 4 * TLS_OUT_CAP) != 1) {
+    why = "cannot set up the loopback session";
+    goto out;
+  }
+  SSL_set_app_data (t->ssl, c);
+  SSL_set_verify (t->ssl, SSL_VERIFY_NONE, NULL);   /* the client has no certificate */
+  SSL_set_accept_state (t->ssl);
+  SSL_set_bio (t->ssl, sbio, sbio);
+  SSL_set_app_data (cli, (void *) psk);
+  SSL_set_connect_state (cli);
+  SSL_set_bio (cli, cbio, cbio);
+  if (selftest_handshake (t->ssl, cli) == -1) {
+    why = "the loopback handshake failed";
+    goto out;
+  }
+#ifdef BLKD_TEST_HOOKS
+  if (getenv ("BLKD_TLS_SELFTEST_CORRUPT"))
+    t->secret[0] ^= 1;              /* what a changed key log would do */
+#endif
+  const char *sealer = seal_takeover (t);
+  if (strcmp (sealer, "blkd") != 0) {
+    why = sealer;
+    goto out;
+  }
+
+  /* Three records: the first under the first key, then a client's request
+   * for a key update answered through OpenSSL and msg_cb, the second, our
+   * own key update, the third. */
+  for (size_t i = 0; i < SELFTEST_BYTES; i++)
+    sent[i] = (uint8_t) (i * 7 + (i >> 8));
+  size_t off = 0, n;
+  for (int r = 0; r < 3 && !t->rec_broken; r++) {
+    if (r == 1) {
+      uint8_t b;
+      size_t k;
+      if (SSL_key_update (cli, SSL_KEY_UPDATE_REQUESTED) != 1 || SSL_do_handshake (cli) != 1
+          || SSL_read_ex (t->ssl, &b, 1, &k) == 1) {
+        why = "the client's key update request did not reach OpenSSL";
+        goto out;
+      }
+      size_t before = t->out_len;
+      seal_owed_key_update (t);
+      if (t->out_len == before) {
+        why = "OpenSSL's answer to a key update request did not reach msg_cb";
+        goto out;
+      }
+    }
+    else if (r == 2 && key_update (c, t) == -1)
+      break;
+    size_t len = r < 2 ? t->max_content : SELFTEST_BYTES - off;
+    struct iovec piece = { sent + off, len };
+    n = tlsrec_seal (t->rec, TLSREC_APPDATA, &piece, 1, t->out + t->out_len);
+    if (n == 0)
+      t->rec_broken = true;
+    t->out_len += n;
+    off += len;
+  }
+  if (t->rec_broken || BIO_write (sbio, t->out, t->out_len) != (int) t->out_len) {
+    why = "sealing failed";
+    goto out;
+  }
+  for (off = 0; off < SELFTEST_BYTES; off += n)
+    if (SSL_read_ex (cli, got + off, SELFTEST_BYTES - off, &n) != 1) {
+      why = "OpenSSL could not read the records blkd sealed";
+      goto out;
+    }
+  if (memcmp (sent, got, SELFTEST_BYTES) != 0)
+    why = "OpenSSL read other bytes than blkd sealed";
+
+out:
+  ERR_clear_error ();
+  SSL_free (cli);
+  if (t) {
+    SSL_free (t->ssl);
+    tlsrec_free (t->rec);
+    free (t->out);
+    OPENSSL_cleanse (t->secret, sizeof t->secret);
+  }
+  free (t);
+  free (c);
+  SSL_CTX_free (cctx);
+  free (sent);
+  free (got);
+  return why;
+}
+
+/* Every suite blkd offers (the SHA-256 ones only for PSK: psk is one of
+ * the server's keys for a PSK-only server, NULL when it has certificates):
+ * on any failure the sealer is turned off for the life of the server, and
+ * sctx loses the callbacks it needed (contexts built later must not set
+ * them: they look at cfg.tls_seal). */
+static void
+seal_selftest (SSL_CTX *sctx, const struct psk_entry *psk)
+{
+  static const char *const suites[] = {
+    "TLS_AES_128_GCM_SHA256", "TLS_CHACHA20_POLY1305_SHA256", "TLS_AES_256_GCM_SHA384",
+  };
+  for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++) {
+    if (psk && strstr (suites[i], "SHA384"))
+      continue;
+    const char *why = selftest_suite (sctx, psk, suites[i]);
+    if (why) {
+      fprintf (stderr, "blkd: warning: TLS: the --tls-seal=blkd self-test failed with %s: "
+               "%s; OpenSSL seals every record instead\n", suites[i], why);
+      cfg.tls_seal = TLS_SEAL_OPENSSL;
+      SSL_CTX_set_keylog_callback (sctx, NULL);
+      SSL_CTX_set_msg_callback (sctx, NULL);
+      return;
+    }
+  }
+}
+
 int
 tls_setup (void)
 {
@@ -644,6 +886,14 @@ tls_setup (void)
   }
   if (cfg.tls_verify_peer && !cfg.tls_certificates) {
     fprintf (stderr, "blkd: --tls-verify-peer needs --tls-certificates=DIR (the CA)\n");
+    return -1;
+  }
+  /* A PSK client shows no certificate (TLS 1.3 forbids a certificate
+   * request in a PSK handshake), so "client certificates required" could
+   * not hold for it. */
+  if (cfg.tls_verify_peer && cfg.tls_psk) {
+    fprintf (stderr, "blkd: --tls-verify-peer cannot be combined with --tls-psk: PSK "
+             "clients present no certificate; use one or the other\n");
     return -1;
   }
 
@@ -706,22 +956,47 @@ tls_setup (void)
   if (cfg.tls_verify_peer)
     SSL_CTX_set_verify (ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
 
-  /* Kernel TLS when the kernel has it; otherwise read several records per
-   * read(2) (read-ahead, which kTLS receive would not allow). */
+  /* Read several records per read(2) (read-ahead); kernel TLS, when the
+   * kernel has it, for TLS 1.2 sessions only (ktls_client_hello turns
+   * read-ahead off for those). */
+  SSL_CTX_set_read_ahead (ctx, 1);
+  SSL_CTX_set_default_read_buffer_len (ctx, TLS_READ_BUF);
   ktls_kernel = probe_ktls ();
-  if (ktls_kernel)
+  bool ktls_decide = ktls_kernel;
+#ifdef BLKD_TEST_HOOKS
+  /* Make the per-session decision without a tls module (OpenSSL's own
+   * attempt then fails quietly and the session stays in user space). */
+  if (getenv ("BLKD_TLS_TEST_KTLS"))
+    ktls_decide = true;
+#endif
+  if (ktls_decide) {
     SSL_CTX_set_options (ctx, SSL_OP_ENABLE_KTLS);
-  else {
-    SSL_CTX_set_read_ahead (ctx, 1);
-    SSL_CTX_set_default_read_buffer_len (ctx, TLS_READ_BUF);
+    SSL_CTX_set_client_hello_cb (ctx, ktls_client_hello, NULL);
   }
 
+  const char *env = getenv ("BLKD_TLS_REKEY_RECORDS");
+  if (env) {
+#ifdef BLKD_TEST_HOOKS
+    if (strtoull (env, NULL, 10) > 0)
+      rekey_records = strtoull (env, NULL, 10);
+    fprintf (stderr, "blkd: TLS: test build: a key update every %" PRIu64 " records\n",
+             rekey_records);
+#else
+    fprintf (stderr, "blkd: warning: BLKD_TLS_REKEY_RECORDS ignored: only test builds "
+             "(make check) honour it\n");
+#endif
+  }
   if (cfg.tls_seal == TLS_SEAL_BLKD) {
     SSL_CTX_set_keylog_callback (ctx, keylog_cb);
     SSL_CTX_set_msg_callback (ctx, msg_cb);
-    const char *env = getenv ("BLKD_TLS_REKEY_RECORDS");
-    if (env && strtoull (env, NULL, 10) > 0)
-      rekey_records = strtoull (env, NULL, 10);
+    seal_selftest (ctx, have_certs ? NULL : &psks[0]);
+#ifdef BLKD_TEST_HOOKS
+    /* A ticket is a message OpenSSL writes under the application key
+     * before blkd could take over: the hand-over must see it and leave
+     * the session with SSL_write. */
+    if (getenv ("BLKD_TLS_TEST_TICKETS"))
+      SSL_CTX_set_num_tickets (ctx, 1);
+#endif
   }
 
   fprintf (stderr, "blkd: TLS %s: TLS 1.2-1.3 with %s%s%s%s; %s; %s\n",
@@ -730,10 +1005,11 @@ tls_setup (void)
            have_certs ? cfg.tls_certificates : "",
            have_certs && npsks ? " and " : "",
            npsks ? "pre-shared keys" : "",
-           ktls_kernel ? "kernel TLS available (used per connection when the suite allows)"
+           ktls_kernel ? "kernel TLS available (for TLS 1.2 sessions)"
                        : "kernel TLS unavailable (no tls ULP): records sealed in user space",
-           cfg.tls_seal == TLS_SEAL_BLKD ? "TLS 1.3 records we send sealed by blkd"
-                                         : "records sealed by OpenSSL (--tls-seal=openssl)");
+           cfg.tls_seal == TLS_SEAL_BLKD ? "TLS 1.3 records we send sealed by blkd "
+                                           "(--tls-seal=blkd, self-test passed)"
+                                         : "records sealed by OpenSSL");
   if (cfg.tls_verify_peer)
     fprintf (stderr, "blkd: TLS: client certificates must chain to %s/ca-cert.pem\n",
              cfg.tls_certificates);
@@ -1051,6 +1327,27 @@ tls_recv (struct conn *c, void *buf, size_t len)
   }
 }
 
+/* The SSL_write path keeps the sealer's record policy: after
+ * rekey_records records under one TLS 1.3 key, a KeyUpdate (OpenSSL sends
+ * it ahead of the next record it writes).  Partial writes return after a
+ * record or a few, so counting whole 16 KiB records in what was written
+ * never counts more records than were sealed.  Kernel TLS never gets
+ * here for TLS 1.3 (see ktls_client_hello). */
+static void
+ossl_rekey_policy (struct tls_conn *t, size_t written)
+{
+  t->ossl_records += (written + TLS_RECORD - 1) / TLS_RECORD;
+  if (t->ossl_records < rekey_records || SSL_version (t->ssl) != TLS1_3_VERSION)
+    return;
+  log_debug ("TLS: %" PRIu64 " records under this key: key update", t->ossl_records);
+  if (SSL_key_update (t->ssl, SSL_KEY_UPDATE_NOT_REQUESTED) == 1)
+    t->ossl_records = 0;
+  else
+    log_debug ("TLS: OpenSSL is busy with another post-handshake message: "
+               "key update after the next record");
+  ERR_clear_error ();
+}
+
 /* Write what iov[0..n) holds as TLS records; returns the plaintext bytes
  * consumed, or -1 with errno (EAGAIN: nothing could be written).
  *
@@ -1085,10 +1382,14 @@ tls_sendv (struct conn *c, const struct iovec *iov, int n)
       len = iov[i].iov_len - off;
     }
     else {
-      /* Gather small pieces (and the start of a following payload) into
-       * one full record. */
+      /* Gather small pieces into one record.  A payload that fills a
+       * record by itself is not pulled in: it may be a plugin's lent
+       * memory, sealed in place by the next call, so a reply header goes
+       * out as its own small record (22 bytes of overhead) rather than
+       * as a 16 KiB copy of the payload's start. */
       size_t s = 0, o = off;
-      for (int j = i; j < n && s < TLS_RECORD; j++, o = 0) {
+      for (int j = i; j < n && s < TLS_RECORD && (j == i || iov[j].iov_len < TLS_RECORD);
+           j++, o = 0) {
         size_t k = iov[j].iov_len - o;
         if (k > TLS_RECORD - s)
           k = TLS_RECORD - s;
@@ -1120,6 +1421,7 @@ tls_sendv (struct conn *c, const struct iovec *iov, int n)
       return -1;
     }
     total += w;
+    ossl_rekey_policy (t, w);
     /* Advance (i, off) past the w bytes just sealed. */
     while (w > 0) {
       size_t k = iov[i].iov_len - off;

@@ -57,6 +57,25 @@ expect_eq "$(sha "$TMP/out12.img")" "$(sha "$TMP/in.img")" "data written over X.
 nbdcopy "$XURI" "$TMP/out4k.img" --request-size=4096 --requests=64 || fail "nbdcopy 4k from the server"
 expect_eq "$(sha "$TMP/out4k.img")" "$(sha "$TMP/out.img")" "the same data in 4 KiB requests"
 
+[ "$(tls_up 'TLSv1.3 .*records: sent sealed by OpenSSL,')" -ge 1 ] \
+  || fail "TLS 1.3 sessions are not sealed by OpenSSL by default"
+ok "OpenSSL seals the records by default"
+
+echo "# the same copies with blkd sealing (--tls-seal=blkd)"
+stop_server
+start_server -v --tls=require --tls-certificates="$T/server" --tls-psk="$T/keys.psk" \
+  --tls-seal=blkd memory 32M
+XURI="nbds://127.0.0.1:$PORT/?tls-certificates=$T/client-ca"
+PURI="nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$T/keys.psk"
+nbdcopy "$TMP/in.img" "$PURI" || fail "nbdcopy to the server over PSK (blkd seals)"
+nbdcopy "$XURI" "$TMP/out-b.img" --request-size=262144 || fail "nbdcopy from the server (blkd seals)"
+head -c $((12 * 1024 * 1024)) "$TMP/out-b.img" >"$TMP/out12-b.img"
+expect_eq "$(sha "$TMP/out12-b.img")" "$(sha "$TMP/in.img")" "256 KiB requests read back (blkd seals)"
+nbdcopy "$PURI" "$TMP/out4k-b.img" --request-size=4096 --requests=64 || fail "nbdcopy 4k (blkd seals)"
+expect_eq "$(sha "$TMP/out4k-b.img")" "$(sha "$TMP/out-b.img")" "4 KiB requests read back (blkd seals)"
+[ "$(tls_up 'TLSv1.3 .*records: sent sealed by blkd,')" -ge 3 ] || fail "blkd did not seal the sessions"
+ok "blkd sealed the TLS 1.3 sessions"
+
 echo "# TLS 1.2 (GnuTLS told to disable TLS 1.3 via its system priority file)"
 printf '[overrides]\ndisabled-version = tls1.3\n' >"$T/gnutls-tls12.cfg"
 expect_eq "$(GNUTLS_SYSTEM_PRIORITY_FILE=$T/gnutls-tls12.cfg nbdinfo --size "$PURI")" 33554432 \
@@ -66,6 +85,37 @@ expect_eq "$(GNUTLS_SYSTEM_PRIORITY_FILE=$T/gnutls-tls12.cfg nbdinfo --size "$XU
 [ "$(tls_up 'TLSv1.2 .*PSK identity alice')" -ge 1 ] || fail "no TLS 1.2 PSK session in the log"
 [ "$(tls_up 'TLSv1.2 ECDHE')" -ge 1 ] || fail "no TLS 1.2 certificate session in the log"
 ok "server logged TLS 1.2 sessions, PSK and certificate"
+
+echo "# kernel TLS is decided per session: TLS 1.2 only (test-build knob, no tls module needed)"
+stop_server
+BLKD_TLS_TEST_KTLS=1 BLKD_TLS_REKEY_RECORDS=1000000 start_server -v --tls=require \
+  --tls-certificates="$T/server" --tls-psk="$T/keys.psk" memory 32M
+XURI="nbds://127.0.0.1:$PORT/?tls-certificates=$T/client-ca"
+PURI="nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$T/keys.psk"
+if grep -q "only test builds" "$TMP/server.log"; then
+  note "$BLKD is not a test build (make check, or make TEST_HOOKS=1): kTLS decision not checked"
+else
+  expect_eq "$(nbdinfo --size "$XURI")" 33554432 "TLS 1.3 client, kTLS allowed"
+  grep -q "the client offers TLS 1.3: no kernel TLS for this session" "$TMP/server.log" \
+    || fail "a TLS 1.3 session was not kept off kernel TLS"
+  ok "a TLS 1.3 session is kept off kernel TLS"
+  expect_eq "$(GNUTLS_SYSTEM_PRIORITY_FILE=$T/gnutls-tls12.cfg nbdinfo --size "$PURI")" 33554432 \
+    "TLS 1.2 client, kTLS allowed"
+  grep -q "a TLS 1.2 client: kernel TLS where the suite allows, no read-ahead" "$TMP/server.log" \
+    || fail "a TLS 1.2 session was not offered kernel TLS"
+  [ "$(grep -c "the client offers TLS 1.3" "$TMP/server.log")" = 1 ] \
+    || fail "the TLS 1.2 client was taken for a TLS 1.3 one"
+  ok "a TLS 1.2 session may use kernel TLS, without read-ahead"
+  nbdcopy "$TMP/in.img" "$PURI" || fail "nbdcopy over TLS 1.3 with kTLS allowed"
+  GNUTLS_SYSTEM_PRIORITY_FILE=$T/gnutls-tls12.cfg nbdcopy "$XURI" "$TMP/out-k.img" \
+    || fail "nbdcopy over TLS 1.2 with kTLS allowed"
+  head -c $((12 * 1024 * 1024)) "$TMP/out-k.img" >"$TMP/out12-k.img"
+  expect_eq "$(sha "$TMP/out12-k.img")" "$(sha "$TMP/in.img")" "data exact over TLS 1.2 without read-ahead"
+fi
+stop_server
+start_server -v --tls=require --tls-certificates="$T/server" --tls-psk="$T/keys.psk" memory 32M
+XURI="nbds://127.0.0.1:$PORT/?tls-certificates=$T/client-ca"
+PURI="nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$T/keys.psk"
 
 echo "# qemu: tls-creds-x509 and tls-creds-psk objects"
 if command -v qemu-img >/dev/null && command -v qemu-io >/dev/null; then

@@ -10,7 +10,8 @@
 #    in nbdkit); a client sending clear text after the ACK is dropped;
 #  - TLS 1.2 and 1.3 both work, TLS 1.1 is refused;
 #  - a forged record inside TLS 1.3 is answered with an alert the client
-#    can read (blkd seals OpenSSL's alerts once it seals the session);
+#    can read, with OpenSSL sealing and with blkd sealing (which re-seals
+#    OpenSSL's alerts once it took the session over);
 #  - --tls-verify-peer: a certificate from another CA is rejected (GnuTLS
 #    clients would not even send it), one from our CA accepted;
 # and after every refusal the server is alive and serves a good client.
@@ -209,24 +210,34 @@ c.close()
 print(log_has(srv, "client did not send TLS after STARTTLS"))
 srv.check_alive()
 
-print("# a forged record inside TLS: the alert comes back sealed, then the close")
-c = RawClient(srv)
-c.start()
-starttls(c)
-rtype, _ = c.go()
-check_eq(rtype, NBD_REP_ACK, "GO over TLS")
-# Under the socket's TLS layer: a record no key sealed.
-os.write(c.sock.fileno(), b"\x17\x03\x03\x00\x20" + os.urandom(32))
-c.sock.settimeout(5)
-try:
-    d = c.sock.recv(4096)
-    fail("expected the server's alert, got %r" % d)
-except ssl.SSLError as e:
-    # The client could decrypt it: blkd sealed OpenSSL's alert in sequence.
-    check("BAD_RECORD_MAC" in str(e).upper(), "bad_record_mac alert read by the client (%s)" % e)
-c.close()
-print(log_has(srv, "TLS receive failed"))
-srv.check_alive()
+
+def forged_record(srv, seal):
+    print("# a forged record inside TLS (%s seals): the alert comes back sealed, "
+          "then the close" % seal)
+    c = RawClient(srv)
+    c.start()
+    starttls(c)
+    rtype, _ = c.go()
+    check_eq(rtype, NBD_REP_ACK, "GO over TLS")
+    # Under the socket's TLS layer: a record no key sealed.
+    os.write(c.sock.fileno(), b"\x17\x03\x03\x00\x20" + os.urandom(32))
+    c.sock.settimeout(5)
+    try:
+        d = c.sock.recv(4096)
+        fail("expected the server's alert, got %r" % d)
+    except ssl.SSLError as e:
+        # The client could decrypt it: the alert is sealed in sequence.
+        check("BAD_RECORD_MAC" in str(e).upper(), "bad_record_mac alert read by the client (%s)" % e)
+    c.close()
+    print(log_has(srv, "TLS receive failed"))
+    srv.check_alive()
+
+
+forged_record(srv, "OpenSSL")
+srv.stop()
+srv = Server(["memory", "size=64M"], opts=["--tls=require", "--tls-seal=blkd",
+                                           "--tls-certificates", os.path.join(T, "server")])
+forged_record(srv, "blkd")
 srv.stop()
 
 # --- downgrade: clear-text state does not survive STARTTLS ------------------------

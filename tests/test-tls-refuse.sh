@@ -108,4 +108,20 @@ start_fails "PSK line without a colon" 'bad2.psk:1: expected "username:hexkey"' 
 start_fails "empty PSK file" "empty.psk has no keys" --tls=on --tls-psk="$T/empty.psk"
 start_fails "--tls-verify-peer with PSK only" "tls-verify-peer needs --tls-certificates" \
   --tls=on --tls-psk="$T/keys.psk" --tls-verify-peer
+start_fails "--tls-verify-peer with --tls-psk" "tls-verify-peer cannot be combined with --tls-psk" \
+  --tls=on --tls-certificates="$T/server" --tls-psk="$T/keys.psk" --tls-verify-peer
+
+echo "# a PSK shorter than 128 bits: a warning naming the line, and it still works"
+( umask 077; printf '# test keys\nbob:0011223344556677\nalice:%s\n' \
+    "$(cut -d: -f2 "$T/keys.psk")" >"$T/short.psk" )
+: >"$TMP/server.log"
+start_server --tls=require --tls-psk="$T/short.psk" memory 1M
+grep -q 'warning: --tls-psk: .*short.psk:2: the key for "bob" has 64 bits; use at least 128' \
+  "$TMP/server.log" || { cat "$TMP/server.log"; fail "no warning about bob's 64-bit key"; }
+ok "warned: $(grep 'has 64 bits' "$TMP/server.log")"
+[ "$(grep -c 'bits; use at least' "$TMP/server.log")" = 1 ] || fail "alice's 256-bit key was warned about"
+ok "no warning for a 256-bit key"
+expect_eq "$(nbdinfo --size "nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$T/short.psk")" 1048576 \
+  "the file with a short key still serves"
+stop_server
 echo "all TLS refusal checks passed"

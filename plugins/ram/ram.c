@@ -27,10 +27,26 @@
  *   queued on it.  A free holds the lock only to swap the pointer.
  * - No cap on memory beyond size=: a fully written disk costs size bytes
  *   plus the tables.
+ *
+ * Lending (blkd only, include/blkd-plugin.h).  Under blkd a READ reply
+ * is sent straight from the chunks.  Each chunk carries a reference count
+ * after its data: the table holds one, and every reply a chunk is lent to
+ * holds one until blkd releases it.  Taking a reference happens under the
+ * stripe's read lock, so it cannot race the free that swaps the pointer
+ * out under the write lock; the free then only drops the table's
+ * reference, and the memory goes back to malloc when the last unsent
+ * reply lets go.  So a trimmed, zeroed or replaced chunk is never reused
+ * while a reply still points into it.  A write into a lent chunk lands in
+ * place (no copy-on-write): a reply racing it carries, byte by byte, the
+ * old or the new data of this disk, never anything else.  A whole-chunk
+ * aligned WRITE is received into fresh chunks blkd fills from the socket
+ * and swapped in only once the payload is complete.
  */
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
+
+#include "blkd-plugin.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -68,6 +84,44 @@ static struct ram_leaf **ram_dir;
 static struct ram_stripe ram_stripes[RAM_STRIPES];
 static bool ram_stripes_ready;
 
+/* A chunk is RAM_CHUNK bytes of data followed by its reference count
+ * (RAM_TAIL bytes keep the next allocation off its cache line). */
+#define RAM_TAIL 64
+
+/* Reads of a chunk never written are lent from here; nothing writes it. */
+static unsigned char ram_zeros[RAM_CHUNK] __attribute__((aligned(4096)));
+
+static unsigned int *
+ram_refs(unsigned char *p)
+{
+  return (unsigned int *)(p + RAM_CHUNK);
+}
+
+/* A chunk with one reference (its caller's), contents undefined. */
+static unsigned char *
+ram_chunk_new(void)
+{
+  unsigned char *p;
+
+  if (posix_memalign((void **)&p, 4096, RAM_CHUNK + RAM_TAIL) != 0)
+    return NULL;
+  __atomic_store_n(ram_refs(p), 1, __ATOMIC_RELAXED);
+  return p;
+}
+
+static void
+ram_chunk_get(unsigned char *p)
+{
+  __atomic_fetch_add(ram_refs(p), 1, __ATOMIC_RELAXED);
+}
+
+static void
+ram_chunk_put(unsigned char *p)
+{
+  if (p && __atomic_sub_fetch(ram_refs(p), 1, __ATOMIC_ACQ_REL) == 0)
+    free(p);
+}
+
 static void
 ram_unload(void)
 {
@@ -78,7 +132,7 @@ ram_unload(void)
       if (!ram_dir[i])
         continue;
       for (j = 0; j < RAM_LEAF_SLOTS; j++)
-        free(ram_dir[i]->slot[j]);
+        ram_chunk_put(ram_dir[i]->slot[j]);
       free(ram_dir[i]);
     }
     free(ram_dir);
@@ -236,6 +290,16 @@ ram_is_zero(const unsigned char *p, size_t n)
   return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
 }
 
+/* The piece of [offset, offset+count) inside one chunk: its bytes, with
+ * the chunk index and the offset inside it. */
+static uint32_t
+ram_piece(uint64_t offset, uint32_t count, uint64_t *chunk, uint32_t *in)
+{
+  *chunk = offset >> RAM_CHUNK_SHIFT;
+  *in = offset & (RAM_CHUNK - 1);
+  return RAM_CHUNK - *in < count ? RAM_CHUNK - *in : count;
+}
+
 static int
 ram_pread(void *handle, void *buf, uint32_t count, uint64_t offset,
           uint32_t flags)
@@ -243,9 +307,8 @@ ram_pread(void *handle, void *buf, uint32_t count, uint64_t offset,
   unsigned char *out = buf;
 
   while (count > 0) {
-    uint64_t chunk = offset >> RAM_CHUNK_SHIFT;
-    uint32_t in = offset & (RAM_CHUNK - 1);
-    uint32_t n = RAM_CHUNK - in < count ? RAM_CHUNK - in : count;
+    uint64_t chunk;
+    uint32_t in, n = ram_piece(offset, count, &chunk, &in);
     pthread_rwlock_t *lock = ram_stripe_of(chunk);
     unsigned char *p;
 
@@ -290,7 +353,8 @@ ram_write_piece(uint64_t chunk, uint32_t in, const unsigned char *src,
     return 0;
   }
 
-  if (posix_memalign((void **)&fresh, 4096, RAM_CHUNK) != 0) {
+  fresh = ram_chunk_new();
+  if (!fresh) {
     pthread_rwlock_unlock(lock);
     nbdkit_error("ram: allocating a %" PRIu64 " byte chunk: %m", RAM_CHUNK);
     errno = ENOMEM;
@@ -350,7 +414,7 @@ ram_free_chunk(uint64_t chunk, bool only_if_zero)
   else
     p = NULL;
   pthread_rwlock_unlock(lock);
-  free(p);
+  ram_chunk_put(p);                  /* freed now unless a reply holds it */
 }
 
 /* Trim and zero share this: whole chunks are freed, partial chunks get
@@ -360,9 +424,8 @@ static int
 ram_clear(uint32_t count, uint64_t offset)
 {
   while (count > 0) {
-    uint64_t chunk = offset >> RAM_CHUNK_SHIFT;
-    uint32_t in = offset & (RAM_CHUNK - 1);
-    uint32_t n = RAM_CHUNK - in < count ? RAM_CHUNK - in : count;
+    uint64_t chunk;
+    uint32_t in, n = ram_piece(offset, count, &chunk, &in);
 
     if (n == RAM_CHUNK)
       ram_free_chunk(chunk, false);
@@ -459,6 +522,130 @@ ram_extents(void *handle, uint32_t count, uint64_t offset, uint32_t flags,
   }
   return 0;
 }
+
+/* ---- blkd's extension ------------------------------------------------ */
+
+static void
+ram_lend_release(void *const *token, unsigned n)
+{
+  unsigned i;
+
+  for (i = 0; i < n; i++)
+    ram_chunk_put(token[i]);
+}
+
+/* One piece per chunk touched, each holding a reference to its chunk (a
+ * hole is lent from ram_zeros, token NULL). */
+static int
+ram_lend_pread(void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+               struct blkd_lend *lend)
+{
+  lend->n = 0;
+  while (count > 0) {
+    uint64_t chunk;
+    uint32_t in, n = ram_piece(offset, count, &chunk, &in);
+    pthread_rwlock_t *lock = ram_stripe_of(chunk);
+    unsigned char *p;
+
+    if (lend->n == lend->max) {
+      ram_lend_release(lend->token, lend->n);
+      lend->n = 0;
+      errno = E2BIG;
+      return -1;
+    }
+    pthread_rwlock_rdlock(lock);
+    p = ram_load(ram_slot(chunk, false));
+    if (p)
+      ram_chunk_get(p);
+    pthread_rwlock_unlock(lock);
+
+    lend->iov[lend->n].iov_base = (p ? p : ram_zeros) + in;
+    lend->iov[lend->n].iov_len = n;
+    lend->token[lend->n] = p;
+    lend->n++;
+    offset += n;
+    count -= n;
+  }
+  return 0;
+}
+
+/* Only whole, aligned chunks are received in place: a partial chunk
+ * would need its old bytes copied around the payload anyway. */
+static int
+ram_pwrite_place(void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+                 struct blkd_lend *dst)
+{
+  uint32_t i, n = count >> RAM_CHUNK_SHIFT;
+
+  dst->n = 0;
+  if ((offset | count) & (RAM_CHUNK - 1) || n == 0) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  if (n > dst->max) {
+    errno = E2BIG;
+    return -1;
+  }
+  for (i = 0; i < n; i++) {
+    unsigned char *p = ram_chunk_new();
+    if (!p) {
+      ram_lend_release(dst->token, dst->n);
+      dst->n = 0;
+      nbdkit_error("ram: allocating a %" PRIu64 " byte chunk: %m", RAM_CHUNK);
+      errno = ENOMEM;
+      return -1;
+    }
+    dst->iov[i].iov_base = p;
+    dst->iov[i].iov_len = RAM_CHUNK;
+    dst->token[i] = p;
+    dst->n++;
+  }
+  return 0;
+}
+
+/* Swap the filled chunks in, one stripe write lock each (as a free does):
+ * readers see the old chunk or the new one, never half of each.  The old
+ * chunk is put, so it lives on while a reply still holds it. */
+static int
+ram_pwrite_commit(void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+                  struct blkd_lend *dst, int ok)
+{
+  uint64_t chunk = offset >> RAM_CHUNK_SHIFT;
+  unsigned i;
+
+  if (!ok) {
+    ram_lend_release(dst->token, dst->n);
+    return 0;
+  }
+  for (i = 0; i < dst->n; i++, chunk++) {
+    pthread_rwlock_t *lock = ram_stripe_of(chunk);
+    unsigned char **slot = ram_slot(chunk, true);
+    unsigned char *old;
+
+    if (!slot) {
+      ram_lend_release(dst->token + i, dst->n - i);
+      nbdkit_error("ram: allocating a chunk table: %m");
+      errno = ENOMEM;
+      return -1;
+    }
+    pthread_rwlock_wrlock(lock);
+    old = __atomic_exchange_n(slot, (unsigned char *)dst->token[i],
+                              __ATOMIC_ACQ_REL);
+    pthread_rwlock_unlock(lock);
+    ram_chunk_put(old);
+  }
+  return 0;
+}
+
+/* Found by blkd with dlsym; nbdkit never looks for it. */
+const struct blkd_plugin_extension blkd_plugin_extension = {
+  .version       = BLKD_PLUGIN_EXTENSION_VERSION,
+  .size          = sizeof (struct blkd_plugin_extension),
+  .lend_pread    = ram_lend_pread,
+  .lend_release  = ram_lend_release,
+  .pwrite_place  = ram_pwrite_place,
+  .pwrite_commit = ram_pwrite_commit,
+};
 
 static struct nbdkit_plugin plugin = {
   .name              = "ram",

@@ -26,10 +26,18 @@
  * buffered fd on the same file; Linux writes back and invalidates the page
  * cache around direct I/O, so the two views stay coherent for requests
  * that don't overlap in time (NBD promises nothing for those that do).
+ *
+ * Under blkd (include/blkd-plugin.h), direct=false READs of cached
+ * ranges on clear-text connections are not read here at all: blkd asks
+ * for the fd and offset and the kernel sends the page cache with
+ * sendfile.  direct=true keeps the pool path: the page cache is what
+ * O_DIRECT avoids.
  */
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
+
+#include "blkd-plugin.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +51,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -667,6 +676,71 @@ rawio_extents(void *handle, uint32_t count, uint64_t offset, uint32_t flags,
   }
   return 0;
 }
+
+/* cachestat(2) (Linux 6.5): how much of a range is in the page cache,
+ * without mapping it.  Debian 12's headers predate it; 451 is its number
+ * on every architecture. */
+#ifndef SYS_cachestat
+#define SYS_cachestat 451
+#endif
+struct rawio_cachestat_range {
+  uint64_t off, len;
+};
+struct rawio_cachestat {
+  uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+static bool rawio_no_cachestat;
+
+/* True when every page of the range is in the page cache. */
+static bool
+rawio_resident(int fd, uint64_t offset, uint32_t count)
+{
+  struct rawio_cachestat_range range = { offset, count };
+  struct rawio_cachestat cs;
+  long page = sysconf(_SC_PAGESIZE);
+  uint64_t pages;
+
+  if (__atomic_load_n(&rawio_no_cachestat, __ATOMIC_RELAXED))
+    return false;
+  if (syscall(SYS_cachestat, fd, &range, &cs, 0) == -1) {
+    if (errno == ENOSYS)
+      __atomic_store_n(&rawio_no_cachestat, true, __ATOMIC_RELAXED);
+    return false;
+  }
+  pages = (offset + count + page - 1) / page - offset / page;
+  return cs.nr_cache >= pages;
+}
+
+/* blkd's extension: the buffered fd holds the range at the same offset.
+ * blkd runs sendfile on its event loop, where a page-cache miss would
+ * stall every connection of that loop on the disk, so only a range that
+ * is all in the page cache is lent (checked here, on a worker thread);
+ * the rest is read by pread, which also brings it into the cache.  A page
+ * evicted between the check and the send still costs one synchronous read.
+ * Without cachestat (Linux < 6.5) nothing is lent.  The handle's fd stays
+ * open until close, which blkd calls only after every reply of the
+ * connection is sent or dropped. */
+static int
+rawio_pread_fd(void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+               int *fd, uint64_t *file_offset)
+{
+  struct rawio_handle *h = handle;
+
+  if (rawio_direct || !rawio_resident(h->bfd, offset, count)) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  *fd = h->bfd;
+  *file_offset = offset;
+  return 0;
+}
+
+/* Found by blkd with dlsym; nbdkit never looks for it. */
+const struct blkd_plugin_extension blkd_plugin_extension = {
+  .version  = BLKD_PLUGIN_EXTENSION_VERSION,
+  .size     = sizeof (struct blkd_plugin_extension),
+  .pread_fd = rawio_pread_fd,
+};
 
 static struct nbdkit_plugin plugin = {
   .name              = "rawio",

@@ -11,7 +11,13 @@
  * without reading (the server may answer them with fewer, RFC 8446 4.6.3).
  * Prints how many KeyUpdates it sent and received; exits 1 on any error or
  * wrong byte.  TLS_KU_MFL=512|1024|2048|4096 in the environment asks for
- * that max_fragment_length (RFC 6066): records must not be larger. */
+ * that max_fragment_length (RFC 6066): records must not be larger.
+ * TLS_KU_SUITES limits the TLS 1.3 suites offered (OpenSSL's names).
+ * TLS_KU_CAPTURE=PREFIX records what tests/test-tls-decrypt.py checks:
+ * PREFIX.raw, every byte read from the socket once TLS starts;
+ * PREFIX.keylog, the session's secrets (SSLKEYLOGFILE format);
+ * PREFIX.plain, every byte of plaintext OpenSSL returned.  The client then
+ * reads to the server's close_notify before it closes. */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <netinet/in.h>
@@ -28,6 +34,7 @@
 #define CHUNK (64 * 1024)
 
 static unsigned updates_received;
+static FILE *cap_raw, *cap_keylog, *cap_plain;
 
 static void
 die (const char *what)
@@ -43,6 +50,34 @@ msg_cb (int write_p, int version, int type, const void *buf, size_t len, SSL *ss
   const uint8_t *m = buf;
   if (!write_p && type == SSL3_RT_HANDSHAKE && len >= 1 && m[0] == SSL3_MT_KEY_UPDATE)
     updates_received++;
+}
+
+static FILE *
+cap_open (const char *prefix, const char *ext)
+{
+  char path[4096];
+  snprintf (path, sizeof path, "%s.%s", prefix, ext);
+  FILE *f = fopen (path, "wb");
+  if (!f)
+    die ("cannot create a capture file");
+  return f;
+}
+
+static void
+keylog_cb (const SSL *ssl, const char *line)
+{
+  fprintf (cap_keylog, "%s\n", line);
+  fflush (cap_keylog);
+}
+
+/* Every byte OpenSSL reads from the socket, before it decrypts it. */
+static long
+raw_cb (BIO *b, int oper, const char *argp, size_t len, int argi, long argl, int ret,
+        size_t *processed)
+{
+  if (oper == (BIO_CB_READ | BIO_CB_RETURN) && ret > 0 && processed && *processed > 0)
+    fwrite (argp, 1, *processed, cap_raw);
+  return ret;
 }
 
 static void
@@ -70,6 +105,8 @@ tls_read (SSL *ssl, void *buf, size_t len)
   for (size_t have = 0; have < len; have += got)
     if (SSL_read_ex (ssl, (char *) buf + have, len - have, &got) != 1)
       die ("TLS read failed");
+  if (cap_plain)
+    fwrite (buf, 1, len, cap_plain);
 }
 
 static void
@@ -192,9 +229,22 @@ main (int argc, char **argv)
     if (!code || SSL_CTX_set_tlsext_max_fragment_length (ctx, code) != 1)
       die ("TLS_KU_MFL must be 512, 1024, 2048 or 4096");
   }
+  const char *suites = getenv ("TLS_KU_SUITES");
+  if (suites && SSL_CTX_set_ciphersuites (ctx, suites) != 1)
+    die ("TLS_KU_SUITES: not a TLS 1.3 suite list");
+  const char *cap = getenv ("TLS_KU_CAPTURE");
+  if (cap) {
+    cap_raw = cap_open (cap, "raw");
+    cap_keylog = cap_open (cap, "keylog");
+    cap_plain = cap_open (cap, "plain");
+    SSL_CTX_set_keylog_callback (ctx, keylog_cb);
+  }
   SSL *ssl = SSL_new (ctx);
-  if (!ssl || SSL_set_fd (ssl, fd) != 1 || !SSL_set1_host (ssl, "localhost")
-      || SSL_connect (ssl) != 1)
+  if (!ssl || SSL_set_fd (ssl, fd) != 1 || !SSL_set1_host (ssl, "localhost"))
+    die ("TLS set-up failed");
+  if (cap)
+    BIO_set_callback_ex (SSL_get_rbio (ssl), raw_cb);
+  if (SSL_connect (ssl) != 1)
     die ("TLS handshake failed");
 
   /* NBD_OPT_GO, default export, no info requests. */
@@ -240,6 +290,19 @@ main (int argc, char **argv)
     }
   }
   request (ssl, 2 /* DISC */, 0, 0, 0);
+  if (cap) {
+    /* The server closes with close_notify: an alert OpenSSL writes after
+     * the hand-over, which blkd must seal in sequence. */
+    uint8_t rest[256];
+    size_t got;
+    while (SSL_read_ex (ssl, rest, sizeof rest, &got) == 1)
+      fwrite (rest, 1, got, cap_plain);
+    if (SSL_get_error (ssl, 0) != SSL_ERROR_ZERO_RETURN)
+      die ("the server closed without close_notify");
+    fclose (cap_raw);
+    fclose (cap_keylog);
+    fclose (cap_plain);
+  }
   SSL_shutdown (ssl);
   printf ("rounds %d, key updates sent %u, received %u\n", rounds, updates_sent,
           updates_received);

@@ -1,0 +1,74 @@
+/* blkd's optional plugin extension: lending held bytes instead of copying them (docs/PLUGINS.md). */
+#ifndef BLKD_PLUGIN_H
+#define BLKD_PLUGIN_H
+
+/* A plugin opts in by exporting one data symbol,
+ *
+ *   const struct blkd_plugin_extension blkd_plugin_extension = { ... };
+ *
+ * which blkd finds with dlsym after plugin_init.  nbdkit never looks for
+ * it, so the same .so keeps working there through its ordinary pread and
+ * pwrite.  Every call may be NULL; blkd then copies as it does for any
+ * nbdkit plugin.  Calls run under the same thread-model lock as pread and
+ * pwrite; nbdkit_error/nbdkit_set_error work in them.  Each returns 0, or
+ * -1 with errno: ENOTSUP or E2BIG make blkd fall back to pread/pwrite for
+ * this request (no error reaches the client), anything else is the
+ * request's error. */
+
+#include <stdint.h>
+#include <sys/uio.h>
+
+#define BLKD_PLUGIN_EXTENSION_VERSION 1
+
+/* One lent range: pieces of memory that together hold the bytes asked
+ * for, in order, each with the plugin's own token for it. */
+struct blkd_lend {
+  /* Set by blkd. */
+  struct iovec *iov;              /* room for max pieces */
+  void **token;                   /* one per piece; NULL is a valid token */
+  unsigned max;
+  /* Set by the plugin. */
+  unsigned n;
+};
+
+struct blkd_plugin_extension {
+  uint32_t version;               /* BLKD_PLUGIN_EXTENSION_VERSION */
+  uint32_t size;                  /* sizeof (struct blkd_plugin_extension) */
+
+  /* READ: describe [offset, offset+count) as pieces of memory the plugin
+   * holds.  Until lend_release gets the tokens back, the memory must stay
+   * mapped and hold this disk's bytes for that range, old or newer: never
+   * freed, never reused for other data.  When more than lend->max pieces
+   * would be needed, fail with E2BIG.  On any failure nothing may stay
+   * lent: lend_release is not called for a failed lend_pread. */
+  int (*lend_pread) (void *handle, uint32_t count, uint64_t offset,
+                     uint32_t flags, struct blkd_lend *lend);
+
+  /* The reply built from lent pieces is fully handed to the kernel (or
+   * its connection died): the tokens of one lend_pread come back once.
+   * Runs without the thread-model lock, on any thread, possibly after
+   * the handle that lent them was closed, always before unload. */
+  void (*lend_release) (void *const *token, unsigned n);
+
+  /* READ from a file the kernel can send itself (sendfile): the fd and
+   * the file offset that hold [offset, offset+count).  The fd must stay
+   * open until this handle is closed (blkd sends from it only while the
+   * connection that asked is open), and the file must not shrink below
+   * the range meanwhile.  Used only on clear-text connections. */
+  int (*pread_fd) (void *handle, uint32_t count, uint64_t offset,
+                   uint32_t flags, int *fd, uint64_t *file_offset);
+
+  /* WRITE in place: give writable memory that blkd receives the payload
+   * of [offset, offset+count) into.  The memory must not be visible to
+   * readers yet.  blkd then calls pwrite_commit exactly once: ok=1 once
+   * the whole payload is there (publish it, honouring NBDKIT_FLAG_FUA in
+   * flags as pwrite would), ok=0 when the payload never completed
+   * (discard it: the disk keeps its old bytes).  E2BIG/ENOTSUP: blkd
+   * uses pwrite. */
+  int (*pwrite_place) (void *handle, uint32_t count, uint64_t offset,
+                       uint32_t flags, struct blkd_lend *dst);
+  int (*pwrite_commit) (void *handle, uint32_t count, uint64_t offset,
+                        uint32_t flags, struct blkd_lend *dst, int ok);
+};
+
+#endif

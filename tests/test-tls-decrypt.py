@@ -1,0 +1,263 @@
+#!/usr/bin/python3
+# The records blkd sends, decrypted by a TLS 1.3 key schedule of our own
+# (RFC 8446 7.1-7.3, HKDF from hmac, AEAD from python3-cryptography), not
+# by a TLS library: tests/helpers/tls-keyupdate (an OpenSSL client) records
+# every byte it reads from the socket, its key log and the plaintext OpenSSL
+# gave it; here the raw bytes are decrypted record by record, in sequence,
+# and must give exactly that plaintext (NBD replies carrying known data).
+#
+# Matrix, for --tls-seal=blkd and for --tls-seal=openssl (the default):
+# AES-128-GCM, AES-256-GCM, ChaCha20-Poly1305 x the client asking for key
+# updates x the server updating its key every few records
+# (BLKD_TLS_REKEY_RECORDS, a test-build knob) x max_fragment_length 512.
+# Every session ends with the server's close_notify, an alert OpenSSL
+# writes after blkd took the send direction over: it must decrypt in
+# sequence too.  Last, a session where OpenSSL sends a ticket after the
+# key log (BLKD_TLS_TEST_TICKETS): the hand-over guard must leave that
+# session to OpenSSL, and every record must still decrypt.
+import hashlib
+import hmac
+import os
+import struct
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
+from blkdtest import *  # noqa: E402,F401,F403
+
+try:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+except ImportError:
+    skip("python3-cryptography is not installed (make deps)")
+
+if IS_NBDKIT:
+    skip("blkd's record sealing")
+need_server()
+KU = os.path.join(TOP, "tests", "helpers", "tls-keyupdate")
+if not os.access(KU, os.X_OK):
+    fail("no %s (make check builds it)" % KU)
+
+T = os.path.join(TMP, "tls")
+subprocess.run(["bash", "-c", '. "$1/tests/lib.sh"; . "$1/tests/helpers/tls.sh"; '
+                'make_tls_material "$2"', "_", TOP, T], check=True)
+CA = os.path.join(T, "client-ca", "ca-cert.pem")
+
+# suite: (OpenSSL name, hash, key length, AEAD)
+SUITES = {
+    0x1301: ("TLS_AES_128_GCM_SHA256", hashlib.sha256, 16, AESGCM),
+    0x1302: ("TLS_AES_256_GCM_SHA384", hashlib.sha384, 32, AESGCM),
+    0x1303: ("TLS_CHACHA20_POLY1305_SHA256", hashlib.sha256, 32, ChaCha20Poly1305),
+}
+HS_FINISHED, HS_KEY_UPDATE, HS_NEW_SESSION_TICKET = 20, 24, 4
+
+
+def expand_label(hashmod, secret, label, length):
+    """HKDF-Expand-Label(secret, label, "", length), RFC 8446 7.1."""
+    full = b"tls13 " + label
+    info = struct.pack(">HB", length, len(full)) + full + b"\x00"
+    out, block, i = b"", b"", 1
+    while len(out) < length:
+        block = hmac.new(secret, block + info + bytes([i]), hashmod).digest()
+        out += block
+        i += 1
+    return out[:length]
+
+
+class Direction:
+    """The server's sending direction: traffic secret, key, IV, sequence."""
+
+    def __init__(self, suite, secret):
+        self.name, self.hash, self.keylen, self.aead = SUITES[suite]
+        self.set(secret)
+
+    def set(self, secret):
+        self.secret = secret
+        self.cipher = self.aead(expand_label(self.hash, secret, b"key", self.keylen))
+        self.iv = expand_label(self.hash, secret, b"iv", 12)
+        self.seq = 0
+
+    def next(self):
+        self.set(expand_label(self.hash, self.secret, b"traffic upd",
+                              self.hash().digest_size))
+
+    def open(self, header, body):
+        nonce = bytes(a ^ b for a, b in zip(self.iv, self.seq.to_bytes(12, "big")))
+        inner = self.cipher.decrypt(nonce, body, header)   # raises on a bad tag
+        self.seq += 1
+        inner = inner.rstrip(b"\x00")
+        if not inner:
+            raise ValueError("record with no content type")
+        return inner[-1], inner[:-1]
+
+
+def read_keylog(path):
+    secrets = {}
+    with open(path) as f:
+        for line in f:
+            label, _, secret = line.split()
+            secrets[label] = bytes.fromhex(secret)
+    return secrets
+
+
+def decrypt_session(prefix, mfl=None):
+    """Decrypt PREFIX.raw; returns (application data, stats)."""
+    raw = open(prefix + ".raw", "rb").read()
+    secrets = read_keylog(prefix + ".keylog")
+    records, i = [], 0
+    while i < len(raw):
+        if len(raw) - i < 5:
+            fail("%s: a record header cut short at byte %d" % (prefix, i))
+        rtype, length = raw[i], struct.unpack(">H", raw[i + 3:i + 5])[0]
+        if length > 16384 + 256 or i + 5 + length > len(raw):
+            fail("%s: record at byte %d: length %d" % (prefix, i, length))
+        records.append((rtype, raw[i:i + 5], raw[i + 5:i + 5 + length]))
+        i += 5 + length
+
+    # ServerHello in clear: the suite.
+    rtype, _, sh = records[0]
+    check(rtype == 22 and sh[0] == 2, "the first record is a ServerHello")
+    sid_len = sh[4 + 2 + 32]
+    suite = struct.unpack(">H", sh[4 + 2 + 32 + 1 + sid_len:4 + 2 + 32 + 1 + sid_len + 2])[0]
+    check(suite in SUITES, "a suite we know", "0x%04x" % suite)
+    d = Direction(suite, secrets["SERVER_HANDSHAKE_TRAFFIC_SECRET"])
+    app_phase = False
+    stats = {"suite": SUITES[suite][0], "updates": 0, "tickets": 0, "records": 0,
+             "alerts": [], "max_content": 0}
+    hs_buf, data = b"", bytearray()
+    for n, (rtype, header, body) in enumerate(records[1:], 1):
+        if rtype == 20 and not app_phase:
+            continue                              # middlebox-compatibility CCS
+        if rtype != 23:
+            fail("record %d is not sealed (outer type %d)" % (n, rtype))
+        try:
+            ctype, content = d.open(header, body)
+        except Exception as e:
+            fail("record %d of %d (%s, %s key, sequence %d, %d server key updates so far) "
+                 "does not decrypt under our key schedule: %r"
+                 % (n, len(records), stats["suite"], "application" if app_phase else
+                    "handshake", d.seq, stats["updates"], e))
+        if ctype == 23:
+            if not app_phase:
+                fail("application data before the server's Finished")
+            data += content
+            stats["records"] += 1
+            stats["max_content"] = max(stats["max_content"], len(content))
+            continue
+        if ctype == 21:
+            stats["alerts"].append(tuple(content))
+            continue
+        if ctype != 22:
+            fail("record %d: content type %d" % (n, ctype))
+        hs_buf += content
+        while len(hs_buf) >= 4:
+            mlen = int.from_bytes(hs_buf[1:4], "big")
+            if len(hs_buf) < 4 + mlen:
+                break
+            mtype, msg, hs_buf = hs_buf[0], hs_buf[4:4 + mlen], hs_buf[4 + mlen:]
+            if not app_phase:
+                if mtype == HS_FINISHED:
+                    if hs_buf:
+                        fail("the server's Finished does not end its record")
+                    d.set(secrets["SERVER_TRAFFIC_SECRET_0"])
+                    app_phase = True
+            elif mtype == HS_KEY_UPDATE:
+                if hs_buf:
+                    fail("a KeyUpdate does not end its record")
+                d.next()
+                stats["updates"] += 1
+            elif mtype == HS_NEW_SESSION_TICKET:
+                stats["tickets"] += 1
+            else:
+                fail("unexpected post-handshake message type %d" % mtype)
+    check(app_phase, "the handshake finished")
+    if mfl:
+        check(stats["max_content"] <= mfl, "records within max_fragment_length %d" % mfl,
+              "largest %d" % stats["max_content"])
+    return bytes(data), stats
+
+
+def server(seal, rekey=None, tickets=False):
+    env = {}
+    if rekey:
+        env["BLKD_TLS_REKEY_RECORDS"] = str(rekey)
+    if tickets:
+        env["BLKD_TLS_TEST_TICKETS"] = "1"
+    os.environ.update(env)
+    try:
+        s = Server(["memory", "8M"], opts=["-v", "--tls=require", "--tls-certificates="
+                                           + os.path.join(T, "server"), "--tls-seal=" + seal])
+    finally:
+        for k in env:
+            del os.environ[k]
+    log = open(s.log_path, "rb").read().decode(errors="replace")
+    if rekey and "only test builds" in log:
+        skip("%s was built without test hooks (make check, or make TEST_HOOKS=1)" % BLKD)
+    if seal == "blkd":
+        check("self-test passed" in log, "the sealer's self-test passed")
+    return s
+
+
+def session(s, tag, suite, every, mfl, rounds=6):
+    prefix = os.path.join(TMP, tag)
+    env = dict(os.environ, TLS_KU_CAPTURE=prefix, TLS_KU_SUITES=SUITES[suite][0])
+    if mfl:
+        env["TLS_KU_MFL"] = str(mfl)
+    r = subprocess.run([KU, str(s.port), CA, str(rounds), str(every)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        s.dump_log()
+        fail("%s: client failed: %s" % (tag, r.stderr.strip()))
+    sent = int(r.stdout.split("sent ")[1].split(",")[0])
+    received = int(r.stdout.split("received ")[1])
+    data, st = decrypt_session(prefix, mfl)
+    plain = open(prefix + ".plain", "rb").read()
+    check(data == plain, "%s: decrypted stream equals what OpenSSL returned" % tag,
+          "%d bytes decrypted, %d received" % (len(data), len(plain)))
+    check(len(plain) >= rounds * 64 * 1024, "%s: the replies carried the data" % tag)
+    check(st["suite"] == SUITES[suite][0], "%s: negotiated suite" % tag, st["suite"])
+    check(st["alerts"] == [(1, 0)], "%s: the session ends with one close_notify" % tag,
+          str(st["alerts"]))
+    check(st["updates"] == received, "%s: our count of server KeyUpdates is OpenSSL's" % tag,
+          "%d against %d" % (st["updates"], received))
+    return sent, st
+
+
+for seal in ("blkd", "openssl"):
+    for rekey in (None, 16):
+        print("# --tls-seal=%s, server key updates: %s" % (seal, "every %d records" % rekey
+                                                        if rekey else "none"))
+        s = server(seal, rekey)
+        for suite in SUITES:
+            for every in (0, 2):
+                for mfl in (None, 512):
+                    tag = "%s-%s-%s-ku%d-mfl%s" % (seal, rekey or 0, SUITES[suite][0], every,
+                                                   mfl or 0)
+                    sent, st = session(s, tag, suite, every, mfl)
+                    if rekey:
+                        check(st["updates"] >= st["records"] // rekey,
+                              "%s: the server updated its key every %d records" % (tag, rekey),
+                              "%d updates for %d records" % (st["updates"], st["records"]))
+                    else:
+                        check(st["updates"] == sent, "%s: one KeyUpdate per request" % tag,
+                              "%d for %d" % (st["updates"], sent))
+                    ok("%s: %d records, %d server key updates, decrypted exactly"
+                       % (tag, st["records"], st["updates"]))
+        log = open(s.log_path, "rb").read().decode(errors="replace")
+        sealer = "records: sent sealed by %s," % ("blkd" if seal == "blkd" else "OpenSSL")
+        check(log.count(sealer) == len(SUITES) * 4,
+              "every session was sealed by %s" % seal, "%d of %d" % (log.count(sealer),
+                                                                     len(SUITES) * 4))
+        s.check_alive()
+        s.stop()
+
+print("# OpenSSL sends a ticket after the key log: the hand-over guard holds")
+s = server("blkd", tickets=True)
+for suite in SUITES:
+    sent, st = session(s, "ticket-%s" % SUITES[suite][0], suite, 2, None)
+    check(st["tickets"] == 1, "a ticket was sent", str(st["tickets"]))
+    ok("%s: ticket then %d records, all in one sequence" % (SUITES[suite][0], st["records"]))
+log = open(s.log_path, "rb").read().decode(errors="replace")
+check(log.count("sent sealed by OpenSSL (no clean key hand-over)") == len(SUITES),
+      "each session stayed with OpenSSL: no clean key hand-over")
+s.check_alive()
+s.stop()
