@@ -34,11 +34,13 @@ if [ -z "${BLKD_BASE:-}" ]; then
   BLKD_BASE=$base_dir/blkd
 fi
 
-ROUNDS=$ROUNDS LEN=$LEN OUT=$OUT BLKD=$BLKD BLKD_BASE=$BLKD_BASE BLKPERF=$BLKPERF \
+TOP=$top ROUNDS=$ROUNDS LEN=$LEN OUT=$OUT BLKD=$BLKD BLKD_BASE=$BLKD_BASE BLKPERF=$BLKPERF \
 NBDKIT=$NBDKIT /usr/bin/python3 - <<'EOF'
-import json, os, socket, statistics, subprocess, sys, time
+import json, os, statistics, subprocess, sys, time
 
 env = os.environ
+sys.path.insert(0, os.path.join(env["TOP"], "bench"))
+from anchors import free_port, wait_port  # noqa: E402
 rounds, length = int(env["ROUNDS"]), env["LEN"]
 PLUGIN = ["memory", "size=1G"]
 LOADS = {"RR 4k QD1": ["-t", "RR", "-b", "4k"],
@@ -53,25 +55,12 @@ CELLS = {
 }
 
 
-def port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def run_cell(cmd, load):
-    p = port()
+    p = free_port()
     proc = subprocess.Popen(cmd[:1] + ["-f", "-i", "127.0.0.1", "-p", str(p)] + cmd[1:] + PLUGIN,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(400):
-            try:
-                socket.create_connection(("127.0.0.1", p), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_port(p, proc)
         with open("/proc/loadavg") as f:
             load1 = float(f.read().split()[0])
         out = subprocess.run([env["BLKPERF"], "--json", "--quiet", "-l", length] + load
