@@ -219,6 +219,24 @@ if blkd_only("dispatch follows the stack", "a blkd option"):
     forced = threads(["--filter=delay", "--dispatch=inline"])
     check(forced < worker, "--dispatch=inline still keeps a blocking stack on the shard thread")
 
+# ---- zero copy only when the plugin is the whole stack -----------------------
+if blkd_only("lending and filters", "blkd's plugin extension"):
+    from lendtest import metrics                  # noqa: E402
+    for opts, lends in (([], True), (["--filter=nofilter"], False)):
+        mport = free_port()
+        srv = Server(["ram", "size=16M"], opts=opts + ["--metrics", "127.0.0.1:%d" % mport])
+        h = nbd_connect(srv)
+        h.pwrite(b"\x77" * (256 << 10), 0)
+        before = metrics(mport)["blkd_lend_replies_total"]
+        check(h.pread(256 << 10, 0) == b"\x77" * (256 << 10), "ram %s: read back" % opts)
+        lent = metrics(mport)["blkd_lend_replies_total"] - before
+        if lends:
+            check(lent >= 1, "ram alone lends its memory to the reply")
+        else:
+            check_eq(lent, 0, "ram under a filter: no lending (the filter must see the data)")
+        h.shutdown()
+        srv.stop()
+
 # ---- refused at start-up -----------------------------------------------------
 out = start_fails(["--filter=no-such-filter", "memory", "1M"])
 check("no-such-filter" in out, "a filter that does not exist is named", out.strip())
