@@ -56,3 +56,9 @@ same_bytes() {
   cmp -s "$2" "$3" || fail "$1: contents differ ($(cmp "$2" "$3" 2>&1 | head -1))"
   ok "$1"
 }
+
+# fill_of FILE OFFSET LENGTH: the distinct byte values (hex) in that range,
+# e.g. "22" when it is all 0x22.
+fill_of() {
+  slice "$1" "$2" "$3" | od -An -v -tx1 | tr -s ' \n' '\n' | grep -v '^$' | sort -u | tr -d '\n'
+}
