@@ -62,3 +62,11 @@ same_bytes() {
 fill_of() {
   slice "$1" "$2" "$3" | od -An -v -tx1 | tr -s ' \n' '\n' | grep -v '^$' | sort -u | tr -d '\n'
 }
+
+# info URI KEY: one field of the export in `nbdinfo --json` (true/false,
+# numbers), e.g. info "$URI" can_fua.
+info() {
+  nbdinfo --json "$1" | "$PY" -c 'import json, sys
+v = json.load(sys.stdin)["exports"][0].get(sys.argv[1])
+print(str(v).lower() if isinstance(v, bool) else v)' "$2"
+}
