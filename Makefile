@@ -31,7 +31,7 @@ DEPS = build-essential pkg-config libevent-dev libssl-dev openssl \
        nbdkit nbdkit-plugin-dev libnbd-dev libnbd-bin python3-libnbd \
        python3-prometheus-client qemu-utils qemu-system-common fuse3 \
        e2fsprogs fio nbd-client nbd-server iperf3 clang valgrind \
-       systemd iproute2 procps psmisc curl python3-yaml bc
+       systemd iproute2 procps psmisc curl python3-yaml bc cryptsetup-bin
 
 SERVER_SRCS = $(wildcard server/*.c)
 SERVER_OBJS = $(SERVER_SRCS:%.c=$(BUILD)/%.o)
