@@ -8,6 +8,10 @@ DESTDIR  ?=
 BINDIR    = $(PREFIX)/bin
 LIBDIR    = $(PREFIX)/lib/blkd
 PLUGINDIR = $(LIBDIR)/plugins
+FILTERDIR = $(LIBDIR)/filters
+# nbdkit's own directories, searched after the tree's and blkd's.
+NBDKIT_PLUGINDIR := $(shell pkg-config --variable=plugindir nbdkit)
+NBDKIT_FILTERDIR := $(shell pkg-config --variable=filterdir nbdkit)
 VERSION   = 0.1.0
 
 # SANITIZE=1 builds everything with AddressSanitizer + UBSan into its own
@@ -23,7 +27,9 @@ endif
 WARN      = -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 $(WARN) $(SANFLAGS) -D_GNU_SOURCE -Iinclude -pthread \
-            -DBLKD_VERSION='"$(VERSION)"' -DBLKD_PLUGINDIR='"$(PLUGINDIR)"'
+            -DBLKD_VERSION='"$(VERSION)"' -DBLKD_PLUGINDIR='"$(PLUGINDIR)"' \
+            -DBLKD_FILTERDIR='"$(FILTERDIR)"' -DNBDKIT_PLUGINDIR='"$(NBDKIT_PLUGINDIR)"' \
+            -DNBDKIT_FILTERDIR='"$(NBDKIT_FILTERDIR)"'
 LDFLAGS  += $(SANFLAGS) -pthread
 
 # Packages the build, tests and benchmarks need (Debian 12 names).

@@ -18,7 +18,6 @@
 #include <nbdkit-plugin.h>
 
 #include "internal.h"
-#include "cache.h"
 #include "delayacct.h"
 #include "metrics.h"
 
@@ -89,7 +88,9 @@ usage (FILE *f)
 "  -v, --verbose          debug messages (and nbdkit_debug from plugins)\n"
 "      --run CMD          run CMD with $uri, $nbd, $port, $unixsocket set, then\n"
 "                         stop the server and exit with CMD's status\n"
-"      --dump-plugin      print what the plugin provides and exit\n"
+"      --filter NAME      stack an nbdkit filter over the plugin (repeatable; the\n"
+"                         first named is outermost), by name or path\n"
+"      --dump-plugin      print what the plugin and filters provide and exit\n"
 "  -h, --help             this text\n"
 "  -V, --version          print the version and exit\n"
 "\n"
@@ -130,7 +131,9 @@ usage (FILE *f)
 "      --delayacct MODE   compact (default), locked (seed 001 A/B), off\n"
 "\n"
 "Block cache:\n"
-"      --cache SIZE       cache between protocol and plugin (default 0: off)\n"
+"      --cache SIZE       cache between the filters and the plugin, SIZE bytes in\n"
+"                         all (default 0: off); shared per export only where\n"
+"                         the plugin is multi-conn, else one per connection\n"
 "      --cache-block SIZE cache block size (default 64K)\n"
 "      --cache-mode MODE  writethrough (default) or writeback\n"
 "      --cache-ctor B     keep freed entries constructed (seed 004 A/B; default no)\n");
@@ -184,7 +187,7 @@ enum {
   OPT_DISPATCH, OPT_IOBUF, OPT_IOBUF_MEM, OPT_QUEUE, OPT_SPARSE_READS,
   OPT_MAX_CONNECTIONS, OPT_HANDSHAKE_TIMEOUT, OPT_IDLE_TIMEOUT, OPT_TLS,
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_METRICS, OPT_DELAYACCT,
-  OPT_CACHE, OPT_CACHE_BLOCK, OPT_CACHE_MODE, OPT_CACHE_CTOR,
+  OPT_CACHE, OPT_CACHE_BLOCK, OPT_CACHE_MODE, OPT_CACHE_CTOR, OPT_FILTER,
 };
 
 static const struct option long_opts[] = {
@@ -226,6 +229,7 @@ static const struct option long_opts[] = {
   { "cache-block", required_argument, NULL, OPT_CACHE_BLOCK },
   { "cache-mode", required_argument, NULL, OPT_CACHE_MODE },
   { "cache-ctor", required_argument, NULL, OPT_CACHE_CTOR },
+  { "filter", required_argument, NULL, OPT_FILTER },
   { NULL, 0, NULL, 0 },
 };
 
@@ -307,6 +311,9 @@ main (int argc, char **argv)
   struct event *ev_stop = NULL, *ev_chld = NULL;
   long ncpu = sysconf (_SC_NPROCESSORS_ONLN);
   uint64_t iobuf_mem = 1024ull * 1024 * 1024;
+  enum { MAX_FILTERS = 64 };
+  const char *filters[MAX_FILTERS];
+  int nfilters = 0;
 
   cfg.shards = ncpu > 0 ? (int) ncpu : 1;
   while ((c = getopt_long (argc, argv, "+i:p:U:e:rfP:vt:hV", long_opts, NULL)) != -1) {
@@ -395,6 +402,13 @@ main (int argc, char **argv)
     case OPT_CACHE_CTOR:
       cfg.cache_ctor = parse_bool_opt (optarg);
       break;
+    case OPT_FILTER:
+      if (nfilters == MAX_FILTERS) {
+        fprintf (stderr, "blkd: at most %d --filter options\n", MAX_FILTERS);
+        return EXIT_FAILURE;
+      }
+      filters[nfilters++] = optarg;
+      break;
     default:
       usage (stderr);
       return EXIT_FAILURE;
@@ -414,7 +428,7 @@ main (int argc, char **argv)
   }
 
   if (dump)
-    return plugin_dump (plugin) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return backend_stack_dump (plugin, filters, nfilters) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 
   /* Every buffer must fit a shard's share, twice over, or one request
    * could wait forever for memory held by nobody. */
@@ -426,15 +440,15 @@ main (int argc, char **argv)
   cfg.iobuf_mem = iobuf_mem;
 
   signal (SIGPIPE, SIG_IGN);
-  if (plugin_load (plugin, pargc, pargv) == -1) {
-    plugin_unload ();
+  if (backend_stack_load (plugin, filters, nfilters, pargc, pargv) == -1) {
+    backend_stack_unload ();
     return EXIT_FAILURE;
   }
   /* TLS files are checked before we bind or fork: a bad key is a loud
    * start-up error, not a handshake failure on every connection. */
   if (cfg.tls != TLS_OFF && tls_setup () == -1) {
     tls_cleanup ();
-    plugin_unload ();
+    backend_stack_unload ();
     return EXIT_FAILURE;
   }
 
@@ -451,12 +465,12 @@ main (int argc, char **argv)
     cfg.unix_path = sock;
   }
   if (listen_setup () == -1) {
-    plugin_unload ();
+    backend_stack_unload ();
     return EXIT_FAILURE;
   }
   if (!cfg.foreground && !cfg.socket_activated && daemonize () == -1)
     return EXIT_FAILURE;
-  if (write_pidfile () == -1 || plugin_after_fork () == -1 || cache_setup () == -1) {
+  if (write_pidfile () == -1 || backend_stack_after_fork () == -1) {
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }
@@ -544,9 +558,8 @@ out_listen:
   listen_stop ();
   listen_cleanup ();
   metrics_stop ();                /* it answered 503 while the shards drained */
-  cache_stop ();                  /* writeback: dirty blocks reach the plugin */
   stats_free ();
-  plugin_unload ();
+  backend_stack_unload ();        /* writeback: dirty blocks reach the plugin */
   tls_cleanup ();
   if (cfg.pidfile && exit_code == EXIT_SUCCESS)
     unlink (cfg.pidfile);

@@ -24,8 +24,9 @@
  * public_begin_shutdown, public_shutdown_requested, public_conn_ctx_release,
  * public_release_global, public_extents_new/free, public_exports_new/free,
  * public_exports_add_name.
- * The next-context functions (nbdkit_next_context_open, ...) belong to
- * the layer stack, not here.
+ * Also for filters: nbdkit_next_context_open nbdkit_next_context_close
+ *   nbdkit_context_get_backend nbdkit_context_set_next (thin: the layer
+ *   stack in backend.c does the work).
  */
 
 #define NBDKIT_API_VERSION 2
@@ -1303,4 +1304,44 @@ nbdkit_use_default_export (struct nbdkit_exports *x)
 {
   x->use_default = true;
   return 0;
+}
+
+/* ---- contexts, for filters (the work is in backend.c) ---------------- */
+
+/* backend.h cannot be included here: it makes nbdkit_next our struct
+ * context, while this file sees nbdkit's opaque types. */
+struct backend;
+struct context;
+struct context *backend_next_context_open (struct backend *b, int readonly,
+                                           const char *exportname, int shared);
+void backend_close (struct context *c);
+struct backend *backend_context_below (struct context *c);
+struct context *backend_context_swap_next (struct context *c, struct context *next);
+
+API nbdkit_next *
+nbdkit_next_context_open (nbdkit_backend *backend, int readonly,
+                          const char *exportname, int shared)
+{
+  return (nbdkit_next *) backend_next_context_open ((struct backend *) backend, readonly,
+                                                    exportname, shared);
+}
+
+API void
+nbdkit_next_context_close (nbdkit_next *next)
+{
+  if (next)
+    backend_close ((struct context *) next);
+}
+
+API nbdkit_backend *
+nbdkit_context_get_backend (nbdkit_context *context)
+{
+  return (nbdkit_backend *) backend_context_below ((struct context *) context);
+}
+
+API nbdkit_next *
+nbdkit_context_set_next (nbdkit_context *context, nbdkit_next *next)
+{
+  return (nbdkit_next *) backend_context_swap_next ((struct context *) context,
+                                                    (struct context *) next);
 }
