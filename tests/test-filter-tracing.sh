@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tracing filters: log (every request the client made appears with its
-# offset and length) and stats (the counts in the stats file, written when
-# the server unloads its filters at shutdown, are the requests made).
+# offset and length; on blkd, one session's log equals nbdkit's) and stats
+# (the counts in the stats file, written when the server unloads its
+# filters at shutdown, are the requests made).
 . "$(dirname "$0")/lib.sh"
 . "$TOP/tests/helpers/core.sh"
 . "$TOP/tests/helpers/filters.sh"
@@ -22,6 +23,32 @@ if have_filter log; then
   grep -qE ' \.\.\.Write id=[0-9]+ return=0' "$TMP/trace.log" || fail "log: no write result"
   grep -q 'Disconnect' "$TMP/trace.log" || fail "log: no Disconnect line"
   ok "log: connect, write, read, flush, trim and disconnect are logged with offsets"
+fi
+
+if have_filter log && ! server_is_nbdkit; then
+  # The same client session under nbdkit and under blkd must leave the same
+  # log, timestamps aside: the log filter sees every call the stack makes
+  # below it (can_* answers in Connect, flags, extents, ids).
+  session() {
+    qemu-io -f raw -c 'write -P 0x1 8k 4k' -c 'read 8k 4k' -c 'write -z 0 4k' \
+      -c 'discard 64k 64k' -c flush "$URI" >/dev/null || fail "log: session I/O"
+    nbdinfo --map "$URI" >/dev/null || fail "log: session map"
+  }
+  # Alone, and below cow (what cow asks of the layer below it).
+  for stack in "--filter=log" "--filter=cow --filter=log"; do
+    for host in nbdkit blkd; do
+      : >"$TMP/server.log"
+      rm -f "$TMP/session.$host"
+      # shellcheck disable=SC2086
+      start_server "$host" $stack memory 1M logfile="$TMP/session.$host"
+      session
+      stop_server; SERVER_PID=
+      sed -E 's/^[0-9-]+ [0-9:.]+ //' "$TMP/session.$host" >"$TMP/session.$host.txt"
+    done
+    diff "$TMP/session.nbdkit.txt" "$TMP/session.blkd.txt" \
+      || fail "log ($stack): blkd's stack made other calls than nbdkit's for the same session"
+    ok "log ($stack): the same session logs the same calls under nbdkit and blkd"
+  done
 fi
 
 if have_filter stats; then
