@@ -123,8 +123,13 @@ while h.aio_in_flight() > 0:
 print(struct.unpack(">I", h.pread(4096, 0)[:4])[0])
 PYEOF
   }
-  serve --filter=noparallel "$MODELS" serialize=requests
-  expect_eq "$(concurrency "$URI")" 1 "noparallel serialize=requests: one plugin call at a time"
+  # Every serializing mode means one call at a time on a connection; with
+  # connections, the strictest, also one connection at a time (nbdkit:
+  # "all requests happen from one thread").
+  for mode in requests all-requests connections; do
+    serve --filter=noparallel "$MODELS" serialize=$mode
+    expect_eq "$(concurrency "$URI")" 1 "noparallel serialize=$mode: one plugin call at a time"
+  done
   serve "$MODELS"
   n=$(concurrency "$URI")
   [ "$n" -gt 1 ] || note "models alone saw $n call(s) at once (expected more; the machine may be too loaded)"
