@@ -682,7 +682,8 @@ backend_conn_open (struct backend_conn *bc, const char *export_name, bool readon
   bc->top = backend_open (backend_top, readonly, export_name, 0);
   if (!bc->top) {
     backend_unlock_request (bc);
-    log_error ("%s: open failed for export \"%s\"", backend_top->name, export_name);
+    log_error ("%s %s: open failed for export \"%s\"", backend_top->type,
+               backend_top->name, export_name);
     return -1;
   }
   int r = backend_prepare (bc->top);
@@ -690,7 +691,8 @@ backend_conn_open (struct backend_conn *bc, const char *export_name, bool readon
     r = fetch_caps (bc);
   backend_unlock_request (bc);
   if (r == -1) {
-    log_error ("%s: preparing export \"%s\" failed", backend_top->name, export_name);
+    log_error ("%s %s: preparing export \"%s\" failed", backend_top->type,
+               backend_top->name, export_name);
     backend_conn_close (bc);
     return -1;
   }
@@ -704,7 +706,7 @@ backend_conn_close (struct backend_conn *bc)
     return;
   backend_lock_request (bc);
   if (backend_finalize (bc->top) == -1)
-    log_error ("%s: finalize failed", backend_top->name);
+    log_error ("%s %s: finalize failed", backend_top->type, backend_top->name);
   backend_close (bc->top);
   backend_unlock_request (bc);
   bc->top = NULL;

@@ -1071,6 +1071,19 @@ instance_free (struct blk_cache *C)
   free (C);
 }
 
+/* Whether connections to n's export see the same data: the plugin says
+ * multi-conn, and may have several handles open at once (the shared
+ * instance's own handle is one more, and nbdkit advertises no multi-conn
+ * for SERIALIZE_CONNECTIONS either).  -1 on error. */
+static int
+shareable (struct context *n)
+{
+  int mc = backend_can_multi_conn (n);
+  if (mc == 1 && backend_thread_model () == NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS)
+    mc = 0;
+  return mc;
+}
+
 /* The instance a newly prepared context uses, or NULL for none (the
  * layer then passes every call through). */
 static struct blk_cache *
@@ -1078,7 +1091,7 @@ instance_get (struct backend *below, struct context *n, const char *key)
 {
   uint32_t min, pref, max;
   int64_t size = backend_get_size (n);
-  int mc = backend_can_multi_conn (n);
+  int mc = shareable (n);
   if (size < 0 || mc < 0 || backend_block_size (n, &min, &pref, &max) == -1)
     return NULL;
   if (min > cfg.cache_block) {
@@ -1212,7 +1225,7 @@ cache_after_fork (struct backend *b)
   probe.export_name = d ? d : "";
   struct context *n = backend_open (b->next, cfg.readonly, probe.export_name, 1);
   int r = n ? backend_prepare (n) : -1;
-  int mc = r == 0 ? backend_can_multi_conn (n) : -1;
+  int mc = r == 0 ? shareable (n) : -1;
   uint32_t min = 0, pref, max;
   if (r == 0 && backend_block_size (n, &min, &pref, &max) == -1)
     r = -1;

@@ -179,6 +179,18 @@ filter_default_export (struct backend *b, int readonly, int is_tls)
 
 /* ---- per context ---------------------------------------------------- */
 
+/* While a filter callback runs, the calling context is the filter's, as
+ * nbdkit's threadlocal context is: nbdkit_next_context_open from inside
+ * it (retry's reopen) then opens a context tied to the connection. */
+#define AS_CALLER(c, call)                                              \
+  ({                                                                    \
+    struct context *saved_ = backend_current_ctx;                       \
+    backend_current_ctx = (c);                                          \
+    __typeof__ (call) r_ = (call);                                      \
+    backend_current_ctx = saved_;                                       \
+    r_;                                                                 \
+  })
+
 /* What a filter's .open calls as `next`: open the layer below, tied to
  * this context's connection, and make it this context's next. */
 static int
@@ -210,7 +222,7 @@ static int
 filter_prepare (struct context *c, int readonly)
 {
   if (F (c->b)->prepare)
-    return F (c->b)->prepare (c->c_next, c->handle, readonly);
+    return AS_CALLER (c, F (c->b)->prepare (c->c_next, c->handle, readonly));
   return 0;
 }
 
@@ -218,7 +230,7 @@ static int
 filter_finalize (struct context *c)
 {
   if (F (c->b)->finalize)
-    return F (c->b)->finalize (c->c_next, c->handle);
+    return AS_CALLER (c, F (c->b)->finalize (c->c_next, c->handle));
   return 0;
 }
 
@@ -231,10 +243,9 @@ filter_finalize (struct context *c)
   {                                                                     \
     const struct nbdkit_filter *f_ = F (c->b);                          \
     if (f_->op)                                                         \
-      return f_->op (c->c_next, c->handle, ##__VA_ARGS__);              \
+      return AS_CALLER (c, f_->op (c->c_next, c->handle, ##__VA_ARGS__)); \
     return backend_##op (c->c_next, ##__VA_ARGS__);                     \
   }
-
 PASS (const char *, export_description, (struct context *c))
 PASS (int64_t, get_size, (struct context *c))
 PASS (int, block_size, (struct context *c, uint32_t *min, uint32_t *pref, uint32_t *max),

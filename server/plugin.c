@@ -292,10 +292,7 @@ plugin_open (struct context *c, int readonly, const char *exportname, int is_tls
       return NULL;
     c->conn->ctx.export_name = n;
   }
-  void *h = p.open (readonly);
-  if (!h)
-    log_error ("plugin %s: open failed for export \"%s\"", p.name, exportname);
-  return h;
+  return p.open (readonly);
 }
 
 static void

@@ -17,11 +17,12 @@ plugin says see the same data (can_multi_conn), and never across exports.
 import json
 import os
 import sys
+import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
-from blkdtest import (Server, TMP, TOP, check, check_eq, free_port, need_nbd,  # noqa: E402
-                      nbd_connect, ok, skip, IS_NBDKIT)
+from blkdtest import (Server, TMP, TOP, check, check_eq, fail, free_port,  # noqa: E402
+                      need_nbd, nbd_connect, ok, skip, IS_NBDKIT)
 
 if IS_NBDKIT:
     skip("--cache is a blkd option")
@@ -63,6 +64,28 @@ a.shutdown()
 b.shutdown()
 srv.stop()
 
+# Private caches share the one --cache budget, and go with their connection.
+srv, mport = cache_server([PERCONN, "size=4M"], extra=["--cache", "1M"])
+hs = [nbd_connect(srv) for _ in range(3)]
+for i, h in enumerate(hs):
+    mine = bytes(h.pread(1, 0))
+    for off in range(0, 4 << 20, 256 << 10):
+        if bytes(h.pread(BLOCK, off)) != mine * BLOCK:
+            fail("budget: connection %d read another disk's data at %d" % (i + 1, off))
+    ok("budget: connection %d reads only its own data" % (i + 1))
+c = stats(mport)["cache"]
+check(c["bytes"] <= 1 << 20, "budget: three private caches hold %d bytes, within --cache 1M"
+      % c["bytes"])
+check_eq(c["instances"], 3, "budget: one private instance per connection")
+for h in hs:
+    h.shutdown()
+for _ in range(600):                    # closes are asynchronous: wait, no deadline check
+    if stats(mport)["cache"]["instances"] == 0:
+        break
+    time.sleep(0.1)
+check_eq(stats(mport)["cache"]["instances"], 0, "budget: private instances freed at close")
+srv.stop()
+
 # A plugin that says multi-conn shares one cache: reconnects reuse it.
 srv, mport = cache_server([PERCONN, "size=4M", "multi_conn=true"])
 a = nbd_connect(srv)
@@ -79,7 +102,7 @@ srv.stop()
 # ---- tmpdisk: a fresh disk per connection -----------------------------
 srv, _ = cache_server(["tmpdisk", "64M"])
 a = nbd_connect(srv)
-a.pwrite(b"\xab" * 4096, 1 << 20)
+a.pwrite(b"\xab" * BLOCK, 1 << 20)         # a whole cache block: write-through caches it
 a.flush()
 check_eq(bytes(a.pread(4, 1 << 20)), b"\xab" * 4, "tmpdisk: connection 1 reads its write")
 b = nbd_connect(srv)

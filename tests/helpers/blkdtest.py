@@ -255,6 +255,20 @@ def nbd_connect(server, export=None, strict=True):
     return h
 
 
+def hammer_reads(handles, per_handle=8, rounds=4):
+    """Keep per_handle 4 KiB reads in flight on each libnbd handle, rounds
+    times over (offsets 4 KiB, 8 KiB, ...): load for thread-model checks."""
+    nbd = need_nbd()
+    for _ in range(rounds):
+        cookies = []
+        for h in handles:
+            for i in range(per_handle):
+                cookies.append((h, h.aio_pread(nbd.Buffer(4096), 4096 * (i + 1))))
+        for h, ck in cookies:
+            while not h.aio_command_completed(ck):
+                h.poll(-1)
+
+
 def nbd_errno(exc):
     """errno of an nbd.Error (libnbd gives it as a name or number)."""
     e = exc.errno
