@@ -74,3 +74,22 @@ info() {
 v = json.load(sys.stdin)["exports"][0].get(sys.argv[1])
 print(str(v).lower() if isinstance(v, bool) else v)' "$2"
 }
+
+# nbd_must_fail WHAT ERRNAME URI STATEMENT: with `h` connected to URI (strict
+# mode off, so libnbd sends what the server must refuse), the Python
+# STATEMENT must fail with that errno (EIO, EINVAL, EPERM...).
+nbd_must_fail() {
+  "$PY" - "$3" "$2" "$4" <<'PYEOF' || fail "$1"
+import errno, nbd, sys
+uri, want, stmt = sys.argv[1:]
+h = nbd.NBD(); h.set_strict_mode(0); h.connect_uri(uri)
+try:
+    exec(stmt)
+except nbd.Error as e:
+    if e.errnum != getattr(errno, want):
+        sys.exit("%s: got %s, want %s" % (stmt, e, want))
+    sys.exit(0)
+sys.exit("%s succeeded" % stmt)
+PYEOF
+  ok "$1"
+}
