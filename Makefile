@@ -50,7 +50,7 @@ DEPS = build-essential pkg-config libevent-dev libssl-dev openssl \
        python3-prometheus-client qemu-utils qemu-system-common fuse3 \
        e2fsprogs fio nbd-client nbd-server iperf3 clang valgrind \
        systemd iproute2 procps psmisc curl python3-yaml bc \
-       python3-cryptography gnuplot-nox librsvg2-bin strace
+       python3-cryptography gnuplot-nox librsvg2-bin strace cryptsetup-bin
 
 SERVER_SRCS = $(wildcard server/*.c)
 SERVER_OBJS = $(SERVER_SRCS:%.c=$(BUILD)/%.o)

@@ -134,14 +134,17 @@ void backend_conn_close (struct backend_conn *bc);
 const char *backend_conn_export_description (struct backend_conn *bc);
 
 /* The thread model's lock, taken once around a whole request (every layer
- * runs under it, as in nbdkit).  SERIALIZE_CONNECTIONS is enforced at
- * accept time, PARALLEL needs nothing: the common case is two compares. */
+ * runs under it, as in nbdkit).  SERIALIZE_CONNECTIONS is also enforced at
+ * accept time, but the one connection's requests still run on several
+ * workers, so it takes the all-requests lock too (nbdkit: "all requests
+ * happen from one thread").  PARALLEL needs nothing: the common case is
+ * two compares. */
 extern int backend_model;
 extern pthread_mutex_t backend_all_requests_lock;
 static inline void
 backend_lock_request (struct backend_conn *bc)
 {
-  if (__builtin_expect (backend_model == 1 /* SERIALIZE_ALL_REQUESTS */, 0))
+  if (__builtin_expect (backend_model <= 1 /* SERIALIZE_{CONNECTIONS,ALL_REQUESTS} */, 0))
     pthread_mutex_lock (&backend_all_requests_lock);
   else if (__builtin_expect (backend_model == 2 /* SERIALIZE_REQUESTS */, 0))
     pthread_mutex_lock (&bc->request_lock);
@@ -153,7 +156,7 @@ static inline void
 backend_unlock_request (struct backend_conn *bc)
 {
   public_current = NULL;
-  if (__builtin_expect (backend_model == 1, 0))
+  if (__builtin_expect (backend_model <= 1, 0))
     pthread_mutex_unlock (&backend_all_requests_lock);
   else if (__builtin_expect (backend_model == 2, 0))
     pthread_mutex_unlock (&bc->request_lock);

@@ -28,6 +28,20 @@ if os.sep not in BLKD:
 SERVER_NAME = os.path.basename(BLKD)
 IS_NBDKIT = SERVER_NAME == "nbdkit"
 
+
+def nbdkit_dir(var):
+    """nbdkit's plugindir or filterdir, from pkg-config (the path holds the
+    architecture's triplet); "" when nbdkit's .pc file is missing."""
+    try:
+        r = subprocess.run(["pkg-config", "--variable=" + var, "nbdkit"],
+                           capture_output=True, text=True)
+    except OSError:
+        return ""
+    return r.stdout.strip()
+
+
+FILTERDIR = nbdkit_dir("filterdir")
+
 TMP = tempfile.mkdtemp(prefix="blkd-test.")
 _servers = []
 
