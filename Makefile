@@ -19,6 +19,7 @@ BINDIR    = $(PREFIX)/bin
 LIBDIR    = $(PREFIX)/lib/blkd
 PLUGINDIR = $(LIBDIR)/plugins
 MANDIR    = $(PREFIX)/share/man
+FILTERDIR = $(LIBDIR)/filters
 # The one place the release version lives (blkd -V, blkperf -V, /stats,
 # make dist).
 VERSION  := $(shell cat VERSION)
@@ -43,6 +44,7 @@ NBD_CFLAGS       = $(call lazy,NBD_CFLAGS,$(PKG_CONFIG) --cflags libnbd)
 NBD_LIBS         = $(call lazy,NBD_LIBS,$(PKG_CONFIG) --libs libnbd)
 NBDKIT_CFLAGS    = $(call lazy,NBDKIT_CFLAGS,$(PKG_CONFIG) --cflags nbdkit)
 NBDKIT_PLUGINDIR = $(call lazy,NBDKIT_PLUGINDIR,$(PKG_CONFIG) --variable=plugindir nbdkit)
+NBDKIT_FILTERDIR = $(call lazy,NBDKIT_FILTERDIR,$(PKG_CONFIG) --variable=filterdir nbdkit)
 
 WERROR   ?= 1
 CFLAGS   ?= -O2 -g
@@ -50,7 +52,8 @@ WARN      = -Wall -Wextra -Wshadow -Wno-unused-parameter $(if $(filter 1,$(WERRO
 # -MMD -MP: each object depends on exactly the headers it includes.
 BLKD_CPPFLAGS = -D_GNU_SOURCE -Iinclude -Icommon $(NBDKIT_CFLAGS) $(NBD_CFLAGS) \
                 -DBLKD_VERSION='"$(VERSION)"' -DBLKD_PLUGINDIR='"$(PLUGINDIR)"' \
-                -DNBDKIT_PLUGINDIR='"$(NBDKIT_PLUGINDIR)"' $(TEST_HOOK_FLAGS)
+                -DBLKD_FILTERDIR='"$(FILTERDIR)"' -DNBDKIT_PLUGINDIR='"$(NBDKIT_PLUGINDIR)"' \
+                -DNBDKIT_FILTERDIR='"$(NBDKIT_FILTERDIR)"' $(TEST_HOOK_FLAGS)
 BLKD_CFLAGS   = -std=gnu11 $(WARN) -pthread -MMD -MP
 # Project flags first, the user's after them so theirs win (-O, -g, -f...).
 ALL_CFLAGS    = $(BLKD_CPPFLAGS) $(CPPFLAGS) $(BLKD_CFLAGS) $(SANFLAGS) $(CFLAGS)
@@ -74,7 +77,7 @@ DEPS = build-essential pkg-config libevent-dev libssl-dev openssl \
        python3-prometheus-client qemu-utils qemu-system-common fuse3 \
        e2fsprogs fio nbd-client nbd-server iperf3 clang valgrind \
        systemd iproute2 procps psmisc curl python3-yaml bc groff-base man-db \
-       python3-cryptography gnuplot-nox librsvg2-bin strace
+       python3-cryptography gnuplot-nox librsvg2-bin strace cryptsetup-bin
 
 SERVER_SRCS = $(wildcard server/*.c) $(wildcard common/*.c)
 SERVER_OBJS = $(SERVER_SRCS:%.c=$(BUILD)/%.o)

@@ -29,7 +29,9 @@ FUZZ_SAN       = -fsanitize=address,undefined -fno-sanitize-recover=undefined \
 FUZZ_CFLAGS    = -g -O1 -std=gnu11 -D_GNU_SOURCE -Iinclude -Icommon -Iserver -pthread $(FUZZ_SAN) \
                  -DBLKD_VERSION='"$(or $(VERSION),fuzz)"' \
                  -DBLKD_PLUGINDIR='"$(or $(PLUGINDIR),/usr/local/lib/blkd/plugins)"' \
-                 -DNBDKIT_PLUGINDIR='"$(or $(NBDKIT_PLUGINDIR),$(shell pkg-config --variable=plugindir nbdkit))"'
+                 -DBLKD_FILTERDIR='"$(or $(FILTERDIR),/usr/local/lib/blkd/filters)"' \
+                 -DNBDKIT_PLUGINDIR='"$(or $(NBDKIT_PLUGINDIR),$(shell pkg-config --variable=plugindir nbdkit))"' \
+                 -DNBDKIT_FILTERDIR='"$(or $(NBDKIT_FILTERDIR),$(shell pkg-config --variable=filterdir nbdkit))"'
 FUZZ_LIBS      = $(or $(SERVER_LIBS),$(shell pkg-config --libs libevent_core libevent_extra openssl) \
                    -ldl -lm)
 FUZZ_SRCS      = $(filter-out server/main.c,$(wildcard server/*.c)) $(wildcard common/*.c)

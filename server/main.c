@@ -22,7 +22,6 @@
 #include <nbdkit-plugin.h>
 
 #include "internal.h"
-#include "cache.h"
 #include "delayacct.h"
 #include "metrics.h"
 
@@ -122,13 +121,16 @@ usage (FILE *f)
 "  -v, --verbose          debug messages (and nbdkit_debug from plugins)\n"
 "      --log DEST         stderr, syslog or null (default: stderr in the\n"
 "                         foreground, syslog once forked into the background)\n"
-"  -D, --debug NAME.FLAG=N  set the plugin's NAME_debug_FLAG variable to N\n"
-"                         (nbdkit.* flags are accepted and have no effect)\n"
+"  -D, --debug NAME.FLAG=N  set the plugin's (or a filter's) NAME_debug_FLAG\n"
+"                         variable to N (nbdkit.* flags are accepted and have\n"
+"                         no effect)\n"
 "      --run CMD          run CMD with $uri, $nbd, $port, $unixsocket,\n"
 "                         $exportname and $tls set, then stop the server and\n"
 "                         exit with CMD's status (implies -f)\n"
 "      --print-uri        print the URI clients connect to on stdout\n"
-"      --dump-plugin      print what the plugin provides and exit\n"
+"      --filter NAME      stack an nbdkit filter over the plugin (repeatable; the\n"
+"                         first named is outermost), by name or path\n"
+"      --dump-plugin      print what the plugin and filters provide and exit\n"
 "  -h, --help             this text; with a PLUGIN, its parameters too\n"
 "  -V, --version          print the version and exit\n"
 "\n"
@@ -171,7 +173,9 @@ usage (FILE *f)
 "      --delayacct MODE   compact (default), locked (seed 001 A/B), off\n"
 "\n"
 "Block cache:\n"
-"      --cache SIZE       cache between protocol and plugin (default 0: off)\n"
+"      --cache SIZE       cache between the filters and the plugin, SIZE bytes in\n"
+"                         all (default 0: off); shared per export only where\n"
+"                         the plugin is multi-conn, else one per connection\n"
 "      --cache-block SIZE cache block size (default 64K)\n"
 "      --cache-mode MODE  writethrough (default) or writeback\n"
 "      --cache-ctor B     keep freed entries constructed (seed 004 A/B; default no)\n");
@@ -227,7 +231,7 @@ enum {
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_METRICS, OPT_DELAYACCT,
   OPT_CACHE, OPT_CACHE_BLOCK, OPT_CACHE_MODE, OPT_CACHE_CTOR,
   OPT_EXIT_WITH_PARENT, OPT_MASK_HANDSHAKE, OPT_NO_SR, OPT_PRINT_URI, OPT_SELINUX_LABEL,
-  OPT_VSOCK, OPT_LOG,
+  OPT_VSOCK, OPT_LOG, OPT_FILTER,
 };
 
 static const struct option long_opts[] = {
@@ -286,6 +290,7 @@ static const struct option long_opts[] = {
   { "cache-mode", required_argument, NULL, OPT_CACHE_MODE },
   { "cache-ctor", required_argument, NULL, OPT_CACHE_CTOR },
   { "log", required_argument, NULL, OPT_LOG },
+  { "filter", required_argument, NULL, OPT_FILTER },
   { NULL, 0, NULL, 0 },
 };
 
@@ -464,6 +469,9 @@ main (int argc, char **argv)
   struct event *ev_stop = NULL, *ev_chld = NULL, *ev_hup = NULL;
   long ncpu = sysconf (_SC_NPROCESSORS_ONLN);
   uint64_t iobuf_mem = 1024ull * 1024 * 1024;
+  enum { MAX_FILTERS = 64 };
+  const char *filters[MAX_FILTERS];
+  int nfilters = 0;
 
   cfg.shards = ncpu > 0 ? (int) ncpu : 1;
   /* GNU order, as nbdkit: options may follow the plugin and its arguments. */
@@ -579,6 +587,13 @@ main (int argc, char **argv)
       log_set_dest (parse_choice ("--log", optarg, (const char *const[]) {
           "stderr", "syslog", "null", NULL }));
       break;
+    case OPT_FILTER:
+      if (nfilters == MAX_FILTERS) {
+        fprintf (stderr, "blkd: at most %d --filter options\n", MAX_FILTERS);
+        return EXIT_FAILURE;
+      }
+      filters[nfilters++] = optarg;
+      break;
     default:
       usage (stderr);
       return EXIT_FAILURE;
@@ -609,7 +624,7 @@ main (int argc, char **argv)
     return EXIT_SUCCESS;
   }
   if (dump)
-    return plugin_dump (plugin) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return backend_stack_dump (plugin, filters, nfilters) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 
   if (cfg.single && (cfg.run_cmd || cfg.unix_path || cfg.port || cfg.ip || cfg.vsock)) {
     fprintf (stderr, "blkd: -s cannot be used with --run, -U, -p, -i or --vsock\n");
@@ -644,8 +659,8 @@ main (int argc, char **argv)
   sigaction (SIGQUIT, &sa, NULL);
   if (exit_with_parent && set_exit_with_parent (parent) == -1)
     return EXIT_FAILURE;
-  if (plugin_load (plugin, pargc, pargv) == -1) {
-    plugin_unload ();
+  if (backend_stack_load (plugin, filters, nfilters, pargc, pargv) == -1) {
+    backend_stack_unload ();
     debug_flags_free ();
     return EXIT_FAILURE;
   }
@@ -654,7 +669,7 @@ main (int argc, char **argv)
    * start-up error, not a handshake failure on every connection. */
   if (cfg.tls != TLS_OFF && tls_setup () == -1) {
     tls_cleanup ();
-    plugin_unload ();
+    backend_stack_unload ();
     return EXIT_FAILURE;
   }
 
@@ -692,7 +707,7 @@ main (int argc, char **argv)
    * comes early is dropped rather than killing us half started.  Not
    * before this: --run's command, started above, must not inherit it. */
   signal (SIGHUP, SIG_IGN);
-  if (write_pidfile () == -1 || plugin_after_fork () == -1 || cache_setup () == -1) {
+  if (write_pidfile () == -1 || backend_stack_after_fork () == -1) {
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }
@@ -780,9 +795,8 @@ out_listen:
   listen_stop ();
   listen_cleanup ();
   metrics_stop ();                /* it answered 503 while the shards drained */
-  cache_stop ();                  /* writeback: dirty blocks reach the plugin */
   stats_free ();
-  plugin_unload ();
+  backend_stack_unload ();        /* writeback: dirty blocks reach the plugin */
   debug_flags_free ();
   tls_cleanup ();
   if (cfg.pidfile && exit_code == EXIT_SUCCESS)

@@ -45,7 +45,7 @@ dispatch_inline (void)
     return true;
   if (cfg.dispatch == DISPATCH_WORKER)
     return false;
-  return plugin_inline_safe ();
+  return backend_inline_safe ();
 }
 
 void

@@ -18,6 +18,13 @@ tests/plugins/nbdkit-%-plugin.so: $(PLUGIN_BUILD)/tests/plugins/%.o
 	$(CC) $(PLUGIN_ALL_CFLAGS) -shared -o $@ $< -pthread $(LDFLAGS)
 -include $(TEST_PLUGIN_SRCS:%.c=$(PLUGIN_BUILD)/%.d)
 
+# Test-only filters (tests/filters/NAME.c), likewise.
+TEST_FILTER_SRCS = $(wildcard tests/filters/*.c)
+TEST_FILTERS = $(patsubst tests/filters/%.c,tests/filters/nbdkit-%-filter.so,$(TEST_FILTER_SRCS))
+tests/filters/nbdkit-%-filter.so: $(PLUGIN_BUILD)/tests/filters/%.o
+	$(CC) $(PLUGIN_ALL_CFLAGS) -shared -o $@ $< -pthread $(LDFLAGS)
+-include $(TEST_FILTER_SRCS:%.c=$(PLUGIN_BUILD)/%.d)
+
 # Test-only clients (tests/helpers/*.c).
 TEST_HELPER_SRCS = $(wildcard tests/helpers/*.c)
 TEST_HELPERS = $(TEST_HELPER_SRCS:%.c=%)
@@ -26,7 +33,7 @@ tests/helpers/%: $(BUILD)/tests/helpers/%.o $(BUILD)/.flavour
 -include $(TEST_HELPER_SRCS:%.c=$(BUILD)/%.d)
 
 .PHONY: check-build
-check-build: all $(TEST_BINS) $(TEST_PLUGINS) $(TEST_HELPERS)
+check-build: all $(TEST_BINS) $(TEST_PLUGINS) $(TEST_FILTERS) $(TEST_HELPERS)
 
 # The runner reads make's job count from MAKEFLAGS, which make exports to
 # recipes: -j2 here means two tests at a time.
@@ -36,4 +43,4 @@ check: $(DEPS_STEP) check-build
 # Pattern-made objects are intermediates; keep them so a second make
 # rebuilds nothing.
 .SECONDARY: $(TEST_SRCS:%.c=$(BUILD)/%.o) $(TEST_HELPER_SRCS:%.c=$(BUILD)/%.o) \
-            $(TEST_PLUGIN_SRCS:%.c=$(PLUGIN_BUILD)/%.o)
+            $(TEST_PLUGIN_SRCS:%.c=$(PLUGIN_BUILD)/%.o) $(TEST_FILTER_SRCS:%.c=$(PLUGIN_BUILD)/%.o)

@@ -19,7 +19,7 @@ full_conn (void)
 {
   static struct conn c;
   memset (&c, 0, sizeof c);
-  c.pc.caps = (struct plugin_caps) {
+  c.pc.caps = (struct backend_caps) {
     .size = MiB, .can_write = true, .can_flush = true, .can_trim = true,
     .can_extents = true, .can_fast_zero = true, .can_zero = 2,
     .can_fua = NBDKIT_FUA_NATIVE, .can_cache = NBDKIT_CACHE_NATIVE,
@@ -92,6 +92,9 @@ test_capabilities (void)
   CHECK_INT (validate (c, NBD_CMD_TRIM, 0, 0, 512), EPERM);
   CHECK_INT (validate (c, NBD_CMD_WRITE_ZEROES, 0, 0, 512), EPERM);
   CHECK_INT (validate (c, NBD_CMD_READ, 0, 0, 512), 0);
+  /* Read-only: a write-like request is EPERM whatever its flags. */
+  c->pc.caps.can_fast_zero = false;
+  CHECK_INT (validate (c, NBD_CMD_WRITE_ZEROES, NBD_CMD_FLAG_FAST_ZERO, 0, 512), EPERM);
 
   c = full_conn ();
   cfg.readonly = true;                  /* --readonly beats a writable plugin */

@@ -34,28 +34,21 @@ SERVER_NAME = os.path.basename(BLKD)
 IS_NBDKIT = SERVER_NAME == "nbdkit"
 
 
-
-def _nbdkit_plugindir():
-    """nbdkit's plugin directory on this machine (the multiarch path
-    differs per architecture): tests/run.sh's $NBDKIT_PLUGINDIR, else
-    pkg-config, else nbdkit --dump-config; "" if none answers."""
-    d = os.environ.get("NBDKIT_PLUGINDIR")
-    for cmd, key in ((["pkg-config", "--variable=plugindir", "nbdkit"], None),
-                     (["nbdkit", "--dump-config"], "plugindir=")):
-        if d:
-            break
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True).stdout
-        except OSError:
-            continue
-        for line in out.splitlines():
-            if key is None or line.startswith(key):
-                d = line[len(key or ""):].strip()
-                break
-    return d or ""
+def nbdkit_dir(var):
+    """nbdkit's plugindir or filterdir, from pkg-config (the path holds the
+    architecture's triplet); "" when nbdkit's .pc file is missing."""
+    try:
+        r = subprocess.run(["pkg-config", "--variable=" + var, "nbdkit"],
+                           capture_output=True, text=True)
+    except OSError:
+        return ""
+    return r.stdout.strip()
 
 
-NBDKIT_PLUGINDIR = _nbdkit_plugindir()
+FILTERDIR = nbdkit_dir("filterdir")
+# nbdkit's plugin directory: tests/run.sh's $NBDKIT_PLUGINDIR, else
+# pkg-config.
+NBDKIT_PLUGINDIR = os.environ.get("NBDKIT_PLUGINDIR") or nbdkit_dir("plugindir")
 
 TMP = tempfile.mkdtemp(prefix="blkd-test.")
 _servers = []
@@ -358,6 +351,20 @@ def nbd_connect(server, export=None, strict=True):
     if not strict:
         h.set_strict_mode(0)
     return h
+
+
+def hammer_reads(handles, per_handle=8, rounds=4):
+    """Keep per_handle 4 KiB reads in flight on each libnbd handle, rounds
+    times over (offsets 4 KiB, 8 KiB, ...): load for thread-model checks."""
+    nbd = need_nbd()
+    for _ in range(rounds):
+        cookies = []
+        for h in handles:
+            for i in range(per_handle):
+                cookies.append((h, h.aio_pread(nbd.Buffer(4096), 4096 * (i + 1))))
+        for h, ck in cookies:
+            while not h.aio_command_completed(ck):
+                h.poll(-1)
 
 
 def nbd_errno(exc):
