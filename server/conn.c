@@ -378,11 +378,19 @@ conn_on_complete (struct request *r)
     c->sendq_bytes += r->iov[i].iov_len;
   c->sendq_bytes += r->send_len;
   /* A reply that does not send from its pool buffer (lent memory, a file)
-   * gives it back now, not once the client has read the reply. */
+   * gives it back now, not once the client has read the reply.  Lent
+   * memory still counts against the connection's share until it is sent:
+   * it pins the plugin's memory (a chunk replaced meanwhile stays alive
+   * for it), and a client that never reads must not pin more than the
+   * pool would let it hold.  A file's pages belong to the page cache. */
   if (r->buf && (r->nlent || r->send_len)) {
     c->buf_bytes -= r->buf->cap;
     iobuf_put (c->shard->pool, r->buf);
     r->buf = NULL;
+    if (r->nlent) {
+      r->held = r->lent_bytes;
+      c->buf_bytes += r->held;      /* request_free gives it back */
+    }
   }
   /* Big replies go out now, before the next request evicts them from
    * cache.  A full socket sets send_full, which stops the parser.  An
