@@ -132,6 +132,9 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct blk_cache *registry;
 /* Slab bytes of all instances together, bounded by --cache. */
 static _Atomic uint64_t budget_used;
+/* Shared instances in the registry: while there is at most the writer's
+ * own, a write needs no walk of the others (see others_invalidate). */
+static _Atomic unsigned nshared;
 
 #define CSTAT_ADD(f, v) __atomic_store_n (&(f), (f) + (v), __ATOMIC_RELAXED)
 
@@ -467,6 +470,8 @@ own_pwrite (struct blk_cache *C, const void *buf, uint32_t count, uint64_t offse
   return err;
 }
 
+static void others_invalidate (struct blk_cache *self, uint64_t offset, uint64_t count);
+
 /* ---- write-out ------------------------------------------------------ */
 
 /* Write a dirty block through the cache's own handle.  The caller holds
@@ -479,6 +484,7 @@ write_out (struct blk_cache *C, struct centry *e, bool fua)
   uint64_t boff = e->blk << C->shift;
   uint32_t len = blk_len (C->size, boff, C->bs);
   int err = own_pwrite (C, e->data, len, boff, fua);
+  others_invalidate (C, boff, len);
   if (err) {
     log_error ("cache: writing back block at %llu failed: %s",
                (unsigned long long) boff, strerror (err));
@@ -1084,16 +1090,37 @@ shareable (struct context *n)
   return mc;
 }
 
+/* Whether the plugin lists `key` among its exports.  A name it does not
+ * list may be one more spelling of a listed disk (memory, file=... and
+ * null ignore the name): a shared instance for it would cache blocks that
+ * writes under the other spelling never invalidate, and a client could
+ * make the server keep one instance per name it invents. */
+static bool
+listed (struct backend *below, int readonly, const char *key)
+{
+  struct nbdkit_exports *x = public_exports_new ();
+  bool found = false;
+  if (x && backend_list_exports (below, readonly, x) == 0)
+    for (size_t i = 0; i < x->len && !found; i++)
+      found = strcmp (x->v[i].name, key) == 0;
+  public_exports_free (x);
+  return found;
+}
+
 /* The instance a newly prepared context uses, or NULL for none (the
  * layer then passes every call through). */
 static struct blk_cache *
-instance_get (struct backend *below, struct context *n, const char *key)
+instance_get (struct backend *below, struct context *n, int readonly, const char *key)
 {
   uint32_t min, pref, max;
   int64_t size = backend_get_size (n);
   int mc = shareable (n);
   if (size < 0 || mc < 0 || backend_block_size (n, &min, &pref, &max) == -1)
     return NULL;
+  if (mc && !listed (below, readonly, key)) {
+    log_debug ("cache: export \"%s\" is not one the plugin lists: not cached", key);
+    return NULL;
+  }
   if (min > cfg.cache_block) {
     log_debug ("cache: export \"%s\" needs blocks of %u: not cached", key, min);
     return NULL;
@@ -1118,12 +1145,34 @@ instance_get (struct backend *below, struct context *n, const char *key)
     if (C) {
       C->inext = registry;
       registry = C;
+      if (C->shared)
+        nshared++;
     }
   }
   if (C)
     C->users++;
   pthread_mutex_unlock (&registry_lock);
   return C;
+}
+
+/* A write, trim or zero through `self` (NULL: an uncached context) has
+ * reached the plugin: drop the clean copies of its range that the other
+ * shared instances hold.  Two export names may be one disk (a plugin that
+ * ignores the name, an unlisted spelling served uncached), and a
+ * multi-conn client must see the write after a flush whatever name it
+ * used.  A load racing with this is marked stale and never published.
+ * Limit: distinct exports lose clean blocks at the same offsets, and with
+ * several shared instances every write takes the registry lock. */
+static void
+others_invalidate (struct blk_cache *self, uint64_t offset, uint64_t count)
+{
+  if (nshared <= (self && self->shared ? 1u : 0u))
+    return;
+  pthread_mutex_lock (&registry_lock);
+  for (struct blk_cache *C = registry; C; C = C->inext)
+    if (C != self && C->shared)
+      range_op (C, offset, count, RANGE_INVALIDATE);
+  pthread_mutex_unlock (&registry_lock);
 }
 
 /* A private instance goes with its last user; shared ones stay for the
@@ -1261,6 +1310,7 @@ cache_cleanup (struct backend *b)
   pthread_mutex_lock (&registry_lock);
   struct blk_cache *list = registry;
   registry = NULL;
+  nshared = 0;
   pthread_mutex_unlock (&registry_lock);
   while (list) {
     struct blk_cache *C = list;
@@ -1322,7 +1372,7 @@ cache_open (struct context *c, int readonly, const char *exportname, int is_tls)
 static int
 cache_prepare (struct context *c, int readonly)
 {
-  H (c)->C = instance_get (c->b->next, c->c_next, H (c)->key);
+  H (c)->C = instance_get (c->b->next, c->c_next, readonly, H (c)->key);
   return 0;
 }
 
@@ -1389,10 +1439,15 @@ cache_pwrite (struct context *c, const void *buf, uint32_t count, uint64_t offse
               uint32_t flags, int *err)
 {
   struct blk_cache *C = H (c)->C;
+  int r;
   if (!C)
-    return backend_pwrite (c->c_next, buf, count, offset, flags, err);
-  return result (cache_do_pwrite (C, c->c_next, buf, count, offset,
-                                  flags & NBDKIT_FLAG_FUA), err);
+    r = backend_pwrite (c->c_next, buf, count, offset, flags, err);
+  else
+    r = result (cache_do_pwrite (C, c->c_next, buf, count, offset,
+                                 flags & NBDKIT_FLAG_FUA), err);
+  if (!C || !C->writeback)            /* writeback: at write-out instead */
+    others_invalidate (C, offset, count);
+  return r;
 }
 
 static int
@@ -1422,6 +1477,7 @@ cache_trim_or_zero (struct context *c, bool zero, uint32_t count, uint64_t offse
     return result (e, err);
   r = zero ? backend_zero (c->c_next, count, offset, flags, err)
            : backend_trim (c->c_next, count, offset, flags, err);
+  others_invalidate (C, offset, count);
   if (C)
     range_op (C, offset, count, C->writeback && r == 0 ? RANGE_ZERO_DIRTY : RANGE_INVALIDATE);
   return r;
