@@ -1175,6 +1175,38 @@ others_invalidate (struct blk_cache *self, uint64_t offset, uint64_t count)
   pthread_mutex_unlock (&registry_lock);
 }
 
+/* Writeback, for a context the cache does not serve (an unlisted name,
+ * a changed size): the dirty blocks that the shared instances hold of
+ * [offset, offset+count) (all of them if `all`) reach the plugin before
+ * this context reads, writes or flushes it, so a multi-conn client sees
+ * another connection's acknowledged write after its own flush, as it
+ * would without --cache.  The instances are collected under the registry
+ * lock and written out after it is dropped (write_out holds an io lock
+ * when it takes the registry lock); shared instances live until
+ * cleanup, so the pointers stay good.  Limit: two listed names that are
+ * one disk still keep their dirty blocks apart until each one's flush. */
+static int
+others_write_back (uint64_t offset, uint64_t count, bool all)
+{
+  if (cfg.cache_mode != CACHE_WRITEBACK || nshared == 0)
+    return 0;
+  pthread_mutex_lock (&registry_lock);
+  size_t n = 0, cap = nshared;
+  struct blk_cache **v = cap ? malloc (cap * sizeof *v) : NULL;
+  if (v)
+    for (struct blk_cache *C = registry; C; C = C->inext)
+      if (C->shared)
+        v[n++] = C;
+  pthread_mutex_unlock (&registry_lock);
+  if (!v)
+    return cap ? ENOMEM : 0;
+  int err = 0;
+  for (size_t i = 0; i < n && !err; i++)
+    err = all ? write_back_all (v[i]) : range_op (v[i], offset, count, RANGE_WRITEBACK);
+  free (v);
+  return err;
+}
+
 /* A private instance goes with its last user; shared ones stay for the
  * next connection and go at cleanup. */
 static void
@@ -1429,8 +1461,10 @@ cache_pread (struct context *c, void *buf, uint32_t count, uint64_t offset,
              uint32_t flags, int *err)
 {
   struct blk_cache *C = H (c)->C;
-  if (!C)
-    return backend_pread (c->c_next, buf, count, offset, flags, err);
+  if (!C) {
+    int e = others_write_back (offset, count, false);
+    return e ? result (e, err) : backend_pread (c->c_next, buf, count, offset, flags, err);
+  }
   return result (cache_do_pread (C, c->c_next, buf, count, offset), err);
 }
 
@@ -1440,6 +1474,8 @@ cache_pwrite (struct context *c, const void *buf, uint32_t count, uint64_t offse
 {
   struct blk_cache *C = H (c)->C;
   int r;
+  if (!C && (r = others_write_back (offset, count, false)))
+    return result (r, err);
   if (!C)
     r = backend_pwrite (c->c_next, buf, count, offset, flags, err);
   else
@@ -1454,11 +1490,9 @@ static int
 cache_flush (struct context *c, uint32_t flags, int *err)
 {
   struct blk_cache *C = H (c)->C;
-  if (C && C->writeback) {
-    int e = write_back_all (C);
-    if (e)
-      return result (e, err);
-  }
+  int e = C ? (C->writeback ? write_back_all (C) : 0) : others_write_back (0, 0, true);
+  if (e)
+    return result (e, err);
   /* Multi-conn: a flush through any handle covers the own handle's writes. */
   return backend_flush (c->c_next, flags, err);
 }
@@ -1473,6 +1507,8 @@ cache_trim_or_zero (struct context *c, bool zero, uint32_t count, uint64_t offse
   int r, e = 0;
   if (C && C->writeback)
     e = range_op (C, offset, count, RANGE_WRITEBACK);
+  else if (!C)
+    e = others_write_back (offset, count, false);
   if (e)
     return result (e, err);
   r = zero ? backend_zero (c->c_next, count, offset, flags, err)
@@ -1502,11 +1538,10 @@ cache_extents (struct context *c, uint32_t count, uint64_t offset, uint32_t flag
                struct nbdkit_extents *e, int *err)
 {
   struct blk_cache *C = H (c)->C;
-  if (C && C->writeback) {
-    int x = range_op (C, offset, count, RANGE_WRITEBACK);
-    if (x)
-      return result (x, err);
-  }
+  int x = C ? (C->writeback ? range_op (C, offset, count, RANGE_WRITEBACK) : 0)
+            : others_write_back (offset, count, false);
+  if (x)
+    return result (x, err);
   return backend_extents (c->c_next, count, offset, flags, e, err);
 }
 
@@ -1515,6 +1550,9 @@ static int
 cache_cache (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
   struct blk_cache *C = H (c)->C;
+  int x = C ? 0 : others_write_back (offset, count, false);
+  if (x)
+    return result (x, err);
   if (!C)
     return backend_cache (c->c_next, count, offset, flags, err);
   return result (cache_do_prefetch (C, c->c_next, count, offset), err);

@@ -151,4 +151,29 @@ def run(direct, ctor, seed):
 run(False, "no", 1)
 run(True, "no", 2)
 run(True, "yes", 3)
+
+# memory serves one disk under every export name; a name it does not
+# list is served uncached.  Such a connection must still see, after its
+# own flush, a write another connection had acknowledged into the
+# writeback cache (multi-conn), and its own writes must not be undone or
+# hidden by the cached copies.
+BLOCK = 64 << 10
+srv = Server(["memory", "16M"], opts=["--cache", "8M", "--cache-block", str(BLOCK),
+                                      "--cache-mode", "writeback"])
+a = nbd_connect(srv)
+x = nbd_connect(srv, export="x")
+check(x.can_multi_conn(), "memory writeback: multi-conn advertised")
+a.pwrite(b"\x77" * BLOCK, 0)
+x.flush()
+check_eq(bytes(x.pread(4, 0)), b"\x77" * 4,
+         "memory writeback: export x sees the default export's write after its flush")
+check_eq(bytes(a.pread(4, BLOCK)), b"\0" * 4, "memory writeback: block 1 is cached clean")
+x.pwrite(b"\x66" * BLOCK, BLOCK)
+x.flush()
+a.flush()
+check_eq(bytes(a.pread(4, BLOCK)), b"\x66" * 4,
+         "memory writeback: the default export sees export x's write after flush")
+a.shutdown()
+x.shutdown()
+srv.stop()
 print("all writeback checks passed")
