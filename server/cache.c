@@ -868,6 +868,20 @@ write_back (struct blk_cache *C, struct context *n, const void *buf,
     int err;
     for (;;) {
       struct centry *e = get_entry (C, blk, GET_WAIT, &err);
+      if (!e && err == ENOMEM) {
+        /* No room in this stripe: the budget went to other stripes or
+         * instances and nothing here can be evicted.  The block is not
+         * cached, so it goes to the plugin like a write-through miss, and
+         * a load of it racing with this is marked stale.  Failing the
+         * write instead would make an odd --cache size (or a busy
+         * neighbour export) an I/O error. */
+        err = below_pwrite (n, (const char *) buf + (pos - offset), seg, pos, fua);
+        range_block (C, blk, 0, 0, RANGE_INVALIDATE);
+        others_invalidate (C, pos, seg);
+        if (err)
+          return err;
+        break;
+      }
       if (!e)
         return err ? err : ENOMEM;
       pthread_mutex_lock (&e->io);

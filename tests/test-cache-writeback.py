@@ -176,4 +176,23 @@ check_eq(bytes(a.pread(4, BLOCK)), b"\x66" * 4,
 a.shutdown()
 x.shutdown()
 srv.stop()
+
+# A budget that does not fill every stripe (100 blocks over 64 stripes of
+# 2): a stripe that never got a slab and has nothing to evict must still
+# take writes (straight to the plugin), not fail them with ENOMEM.
+srv = Server(["memory", "64M"], opts=["--cache", str(100 * BLOCK), "--cache-block", str(BLOCK),
+                                      "--cache-mode", "writeback"])
+a = nbd_connect(srv)
+for i in range(512):
+    a.pwrite(bytes([i % 251 + 1]) * BLOCK, i * BLOCK)
+ok("memory writeback, 100-block budget: 512 block writes all succeed")
+b = nbd_connect(srv)
+b.flush()
+for i in range(512):
+    if bytes(b.pread(BLOCK, i * BLOCK)) != bytes([i % 251 + 1]) * BLOCK:
+        fail("memory writeback, 100-block budget: block %d reads back wrong" % i)
+ok("memory writeback, 100-block budget: every block reads back")
+a.shutdown()
+b.shutdown()
+srv.stop()
 print("all writeback checks passed")
