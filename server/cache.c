@@ -4,12 +4,16 @@
  * Isolation.  A cache instance holds one export's blocks.  Connections
  * share an instance only if the plugin says they see the same data
  * (can_multi_conn true for that export); the shared instances are keyed by
- * export name, so export a's blocks never answer a read of export b.  Any
- * other connection gets a private instance, freed when it closes (tmpdisk
- * and ondemand give each connection its own disk).  All instances draw
- * their slabs from one budget of --cache bytes: once it is spent, an
- * instance evicts its own blocks, and one with none to evict reads
- * straight from the plugin until memory comes back.  Limit: a private
+ * export name, so export a's blocks never answer a read of export b, and
+ * exist only for names the plugin lists (an unlisted name is served
+ * uncached: it may be one more spelling of a listed disk).  Writes that
+ * reach the plugin drop the clean blocks of their range in the other
+ * shared instances (others_invalidate).  Any other connection gets a
+ * private instance, freed when it closes (tmpdisk and ondemand give each
+ * connection its own disk).  All instances draw their slabs from one
+ * budget of --cache bytes: once it is spent, an instance evicts its own
+ * blocks, and one with none to evict reads and writes straight through to
+ * the plugin until memory comes back.  Limit: a private
  * instance keeps its blocks until its connection closes, so an idle
  * connection can hold budget that a busy one would use better.
  *
