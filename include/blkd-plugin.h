@@ -53,8 +53,9 @@ struct blkd_plugin_extension {
   /* READ from a file the kernel can send itself (sendfile): the fd and
    * the file offset that hold [offset, offset+count).  The fd must stay
    * open until this handle is closed (blkd sends from it only while the
-   * connection that asked is open), and the file must not shrink below
-   * the range meanwhile.  Used only on clear-text connections. */
+   * connection that asked is open).  If the file shrinks below the range
+   * meanwhile, blkd sends zeros for the missing bytes, as a pread past
+   * the end reads.  Used only on clear-text connections. */
   int (*pread_fd) (void *handle, uint32_t count, uint64_t offset,
                    uint32_t flags, int *fd, uint64_t *file_offset);
 

@@ -4,12 +4,16 @@
  * Isolation.  A cache instance holds one export's blocks.  Connections
  * share an instance only if the plugin says they see the same data
  * (can_multi_conn true for that export); the shared instances are keyed by
- * export name, so export a's blocks never answer a read of export b.  Any
- * other connection gets a private instance, freed when it closes (tmpdisk
- * and ondemand give each connection its own disk).  All instances draw
- * their slabs from one budget of --cache bytes: once it is spent, an
- * instance evicts its own blocks, and one with none to evict reads
- * straight from the plugin until memory comes back.  Limit: a private
+ * export name, so export a's blocks never answer a read of export b, and
+ * exist only for names the plugin lists (an unlisted name is served
+ * uncached: it may be one more spelling of a listed disk).  Writes that
+ * reach the plugin drop the clean blocks of their range in the other
+ * shared instances (others_invalidate).  Any other connection gets a
+ * private instance, freed when it closes (tmpdisk and ondemand give each
+ * connection its own disk).  All instances draw their slabs from one
+ * budget of --cache bytes: once it is spent, an instance evicts its own
+ * blocks, and one with none to evict reads and writes straight through to
+ * the plugin until memory comes back.  Limit: a private
  * instance keeps its blocks until its connection closes, so an idle
  * connection can hold budget that a busy one would use better.
  *
@@ -132,6 +136,9 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct blk_cache *registry;
 /* Slab bytes of all instances together, bounded by --cache. */
 static _Atomic uint64_t budget_used;
+/* Shared instances in the registry: while there is at most the writer's
+ * own, a write needs no walk of the others (see others_invalidate). */
+static _Atomic unsigned nshared;
 
 #define CSTAT_ADD(f, v) __atomic_store_n (&(f), (f) + (v), __ATOMIC_RELAXED)
 
@@ -467,6 +474,8 @@ own_pwrite (struct blk_cache *C, const void *buf, uint32_t count, uint64_t offse
   return err;
 }
 
+static void others_invalidate (struct blk_cache *self, uint64_t offset, uint64_t count);
+
 /* ---- write-out ------------------------------------------------------ */
 
 /* Write a dirty block through the cache's own handle.  The caller holds
@@ -479,6 +488,7 @@ write_out (struct blk_cache *C, struct centry *e, bool fua)
   uint64_t boff = e->blk << C->shift;
   uint32_t len = blk_len (C->size, boff, C->bs);
   int err = own_pwrite (C, e->data, len, boff, fua);
+  others_invalidate (C, boff, len);
   if (err) {
     log_error ("cache: writing back block at %llu failed: %s",
                (unsigned long long) boff, strerror (err));
@@ -862,6 +872,20 @@ write_back (struct blk_cache *C, struct context *n, const void *buf,
     int err;
     for (;;) {
       struct centry *e = get_entry (C, blk, GET_WAIT, &err);
+      if (!e && err == ENOMEM) {
+        /* No room in this stripe: the budget went to other stripes or
+         * instances and nothing here can be evicted.  The block is not
+         * cached, so it goes to the plugin like a write-through miss, and
+         * a load of it racing with this is marked stale.  Failing the
+         * write instead would make an odd --cache size (or a busy
+         * neighbour export) an I/O error. */
+        err = below_pwrite (n, (const char *) buf + (pos - offset), seg, pos, fua);
+        range_block (C, blk, 0, 0, RANGE_INVALIDATE);
+        others_invalidate (C, pos, seg);
+        if (err)
+          return err;
+        break;
+      }
       if (!e)
         return err ? err : ENOMEM;
       pthread_mutex_lock (&e->io);
@@ -1084,16 +1108,37 @@ shareable (struct context *n)
   return mc;
 }
 
+/* Whether the plugin lists `key` among its exports.  A name it does not
+ * list may be one more spelling of a listed disk (memory, file=... and
+ * null ignore the name): a shared instance for it would cache blocks that
+ * writes under the other spelling never invalidate, and a client could
+ * make the server keep one instance per name it invents. */
+static bool
+listed (struct backend *below, int readonly, const char *key)
+{
+  struct nbdkit_exports *x = public_exports_new ();
+  bool found = false;
+  if (x && backend_list_exports (below, readonly, x) == 0)
+    for (size_t i = 0; i < x->len && !found; i++)
+      found = strcmp (x->v[i].name, key) == 0;
+  public_exports_free (x);
+  return found;
+}
+
 /* The instance a newly prepared context uses, or NULL for none (the
  * layer then passes every call through). */
 static struct blk_cache *
-instance_get (struct backend *below, struct context *n, const char *key)
+instance_get (struct backend *below, struct context *n, int readonly, const char *key)
 {
   uint32_t min, pref, max;
   int64_t size = backend_get_size (n);
   int mc = shareable (n);
   if (size < 0 || mc < 0 || backend_block_size (n, &min, &pref, &max) == -1)
     return NULL;
+  if (mc && !listed (below, readonly, key)) {
+    log_debug ("cache: export \"%s\" is not one the plugin lists: not cached", key);
+    return NULL;
+  }
   if (min > cfg.cache_block) {
     log_debug ("cache: export \"%s\" needs blocks of %u: not cached", key, min);
     return NULL;
@@ -1118,12 +1163,66 @@ instance_get (struct backend *below, struct context *n, const char *key)
     if (C) {
       C->inext = registry;
       registry = C;
+      if (C->shared)
+        nshared++;
     }
   }
   if (C)
     C->users++;
   pthread_mutex_unlock (&registry_lock);
   return C;
+}
+
+/* A write, trim or zero through `self` (NULL: an uncached context) has
+ * reached the plugin: drop the clean copies of its range that the other
+ * shared instances hold.  Two export names may be one disk (a plugin that
+ * ignores the name, an unlisted spelling served uncached), and a
+ * multi-conn client must see the write after a flush whatever name it
+ * used.  A load racing with this is marked stale and never published.
+ * Limit: distinct exports lose clean blocks at the same offsets, and with
+ * several shared instances every write takes the registry lock. */
+static void
+others_invalidate (struct blk_cache *self, uint64_t offset, uint64_t count)
+{
+  if (nshared <= (self && self->shared ? 1u : 0u))
+    return;
+  pthread_mutex_lock (&registry_lock);
+  for (struct blk_cache *C = registry; C; C = C->inext)
+    if (C != self && C->shared)
+      range_op (C, offset, count, RANGE_INVALIDATE);
+  pthread_mutex_unlock (&registry_lock);
+}
+
+/* Writeback, for a context the cache does not serve (an unlisted name,
+ * a changed size): the dirty blocks that the shared instances hold of
+ * [offset, offset+count) (all of them if `all`) reach the plugin before
+ * this context reads, writes or flushes it, so a multi-conn client sees
+ * another connection's acknowledged write after its own flush, as it
+ * would without --cache.  The instances are collected under the registry
+ * lock and written out after it is dropped (write_out holds an io lock
+ * when it takes the registry lock); shared instances live until
+ * cleanup, so the pointers stay good.  Limit: two listed names that are
+ * one disk still keep their dirty blocks apart until each one's flush. */
+static int
+others_write_back (uint64_t offset, uint64_t count, bool all)
+{
+  if (cfg.cache_mode != CACHE_WRITEBACK || nshared == 0)
+    return 0;
+  pthread_mutex_lock (&registry_lock);
+  size_t n = 0, cap = nshared;
+  struct blk_cache **v = cap ? malloc (cap * sizeof *v) : NULL;
+  if (v)
+    for (struct blk_cache *C = registry; C; C = C->inext)
+      if (C->shared)
+        v[n++] = C;
+  pthread_mutex_unlock (&registry_lock);
+  if (!v)
+    return cap ? ENOMEM : 0;
+  int err = 0;
+  for (size_t i = 0; i < n && !err; i++)
+    err = all ? write_back_all (v[i]) : range_op (v[i], offset, count, RANGE_WRITEBACK);
+  free (v);
+  return err;
 }
 
 /* A private instance goes with its last user; shared ones stay for the
@@ -1261,6 +1360,7 @@ cache_cleanup (struct backend *b)
   pthread_mutex_lock (&registry_lock);
   struct blk_cache *list = registry;
   registry = NULL;
+  nshared = 0;
   pthread_mutex_unlock (&registry_lock);
   while (list) {
     struct blk_cache *C = list;
@@ -1322,7 +1422,7 @@ cache_open (struct context *c, int readonly, const char *exportname, int is_tls)
 static int
 cache_prepare (struct context *c, int readonly)
 {
-  H (c)->C = instance_get (c->b->next, c->c_next, H (c)->key);
+  H (c)->C = instance_get (c->b->next, c->c_next, readonly, H (c)->key);
   return 0;
 }
 
@@ -1379,8 +1479,10 @@ cache_pread (struct context *c, void *buf, uint32_t count, uint64_t offset,
              uint32_t flags, int *err)
 {
   struct blk_cache *C = H (c)->C;
-  if (!C)
-    return backend_pread (c->c_next, buf, count, offset, flags, err);
+  if (!C) {
+    int e = others_write_back (offset, count, false);
+    return e ? result (e, err) : backend_pread (c->c_next, buf, count, offset, flags, err);
+  }
   return result (cache_do_pread (C, c->c_next, buf, count, offset), err);
 }
 
@@ -1389,21 +1491,26 @@ cache_pwrite (struct context *c, const void *buf, uint32_t count, uint64_t offse
               uint32_t flags, int *err)
 {
   struct blk_cache *C = H (c)->C;
+  int r;
+  if (!C && (r = others_write_back (offset, count, false)))
+    return result (r, err);
   if (!C)
-    return backend_pwrite (c->c_next, buf, count, offset, flags, err);
-  return result (cache_do_pwrite (C, c->c_next, buf, count, offset,
-                                  flags & NBDKIT_FLAG_FUA), err);
+    r = backend_pwrite (c->c_next, buf, count, offset, flags, err);
+  else
+    r = result (cache_do_pwrite (C, c->c_next, buf, count, offset,
+                                 flags & NBDKIT_FLAG_FUA), err);
+  if (!C || !C->writeback)            /* writeback: at write-out instead */
+    others_invalidate (C, offset, count);
+  return r;
 }
 
 static int
 cache_flush (struct context *c, uint32_t flags, int *err)
 {
   struct blk_cache *C = H (c)->C;
-  if (C && C->writeback) {
-    int e = write_back_all (C);
-    if (e)
-      return result (e, err);
-  }
+  int e = C ? (C->writeback ? write_back_all (C) : 0) : others_write_back (0, 0, true);
+  if (e)
+    return result (e, err);
   /* Multi-conn: a flush through any handle covers the own handle's writes. */
   return backend_flush (c->c_next, flags, err);
 }
@@ -1418,10 +1525,13 @@ cache_trim_or_zero (struct context *c, bool zero, uint32_t count, uint64_t offse
   int r, e = 0;
   if (C && C->writeback)
     e = range_op (C, offset, count, RANGE_WRITEBACK);
+  else if (!C)
+    e = others_write_back (offset, count, false);
   if (e)
     return result (e, err);
   r = zero ? backend_zero (c->c_next, count, offset, flags, err)
            : backend_trim (c->c_next, count, offset, flags, err);
+  others_invalidate (C, offset, count);
   if (C)
     range_op (C, offset, count, C->writeback && r == 0 ? RANGE_ZERO_DIRTY : RANGE_INVALIDATE);
   return r;
@@ -1446,11 +1556,10 @@ cache_extents (struct context *c, uint32_t count, uint64_t offset, uint32_t flag
                struct nbdkit_extents *e, int *err)
 {
   struct blk_cache *C = H (c)->C;
-  if (C && C->writeback) {
-    int x = range_op (C, offset, count, RANGE_WRITEBACK);
-    if (x)
-      return result (x, err);
-  }
+  int x = C ? (C->writeback ? range_op (C, offset, count, RANGE_WRITEBACK) : 0)
+            : others_write_back (offset, count, false);
+  if (x)
+    return result (x, err);
   return backend_extents (c->c_next, count, offset, flags, e, err);
 }
 
@@ -1459,6 +1568,9 @@ static int
 cache_cache (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
   struct blk_cache *C = H (c)->C;
+  int x = C ? 0 : others_write_back (offset, count, false);
+  if (x)
+    return result (x, err);
   if (!C)
     return backend_cache (c->c_next, count, offset, flags, err);
   return result (cache_do_prefetch (C, c->c_next, count, offset), err);

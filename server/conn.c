@@ -195,20 +195,36 @@ send_failed (struct conn *c, const char *what)
   return -1;
 }
 
+/* What a sendfile reply sends once its file ended early. */
+static const uint8_t conn_zeros[64 * 1024];
+
 /* The head reply's file data (its header is out): the kernel sends it
  * from the page cache.  Returns as send_pending does, 2 to go on. */
 static int
 send_file_part (struct conn *c, struct request *r)
 {
-  off_t off = r->send_off;
-  ssize_t sent = sendfile (c->fd, r->send_fd, &off, r->send_len);
+  ssize_t sent;
+  if (r->send_fd >= 0) {
+    off_t off = r->send_off;
+    sent = sendfile (c->fd, r->send_fd, &off, r->send_len);
+  }
+  else {
+    struct iovec v = { (void *) conn_zeros,
+                       r->send_len < sizeof conn_zeros ? r->send_len : sizeof conn_zeros };
+    sent = conn_sendv (c, &v, 1, 0);
+  }
   if (sent < 0)
-    return send_failed (c, "sendfile");
+    return send_failed (c, r->send_fd >= 0 ? "sendfile" : "send");
   if (sent == 0) {
-    /* The file shrank under the reply: the header promised bytes that do
-     * not exist, and the stream cannot be resynchronised. */
-    log_error ("sendfile: file ended %u bytes short of a READ reply; closing", r->send_len);
-    return -1;
+    /* The file shrank under the reply (another program truncated it).
+     * The header promised send_len more bytes; the plugin's pread reads
+     * past the end of the file as zeros, so the rest goes out as zeros:
+     * the same bytes the copying path gives, and the connection and its
+     * other requests go on.  Never the pool's bytes: nothing is copied. */
+    log_warn ("sendfile: file ended %u bytes short of a READ reply; sending zeros for them",
+              r->send_len);
+    r->send_fd = -1;
+    return 2;
   }
   if (cfg.idle_timeout)
     c->t_active = now_ns ();
@@ -378,11 +394,19 @@ conn_on_complete (struct request *r)
     c->sendq_bytes += r->iov[i].iov_len;
   c->sendq_bytes += r->send_len;
   /* A reply that does not send from its pool buffer (lent memory, a file)
-   * gives it back now, not once the client has read the reply. */
+   * gives it back now, not once the client has read the reply.  Lent
+   * memory still counts against the connection's share until it is sent:
+   * it pins the plugin's memory (a chunk replaced meanwhile stays alive
+   * for it), and a client that never reads must not pin more than the
+   * pool would let it hold.  A file's pages belong to the page cache. */
   if (r->buf && (r->nlent || r->send_len)) {
     c->buf_bytes -= r->buf->cap;
     iobuf_put (c->shard->pool, r->buf);
     r->buf = NULL;
+    if (r->nlent) {
+      r->held = r->lent_bytes;
+      c->buf_bytes += r->held;      /* request_free gives it back */
+    }
   }
   /* Big replies go out now, before the next request evicts them from
    * cache.  A full socket sets send_full, which stops the parser.  An

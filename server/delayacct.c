@@ -144,7 +144,8 @@ delayacct_done (struct conn *c, struct request *r)
 {
   struct shard_stats *st = c->shard->stats;
   int slot = cmd_slot (r->type);
-  bool sent = r->niov > 0 && r->iov_sent == r->niov;
+  /* Fully sent: every iovec, and a sendfile reply's file data too. */
+  bool sent = r->niov > 0 && r->iov_sent == r->niov && r->send_len == 0;
   uint32_t bytes = 0;
 
   if (!r->error && (r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE))

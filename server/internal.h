@@ -239,7 +239,7 @@ struct request {
    * send_fd after its header iovecs. */
   unsigned nlent;
   uint32_t lent_bytes;
-  uint32_t held;                  /* placed bytes counted in conn buf_bytes */
+  uint32_t held;                  /* placed or lent bytes counted in conn buf_bytes */
   bool placed;
   int send_fd;
   uint32_t send_len;

@@ -596,13 +596,24 @@ answer_key_update (struct conn *c, struct tls_conn *t)
 /* Handshake done: take the send direction over from OpenSSL if we can.
  * Only when OpenSSL has written nothing under the application key (no
  * session tickets: num_tickets is 0), so our first record is number 0. */
+/* Set (once, main thread) when a self-test fails, read by shard threads
+ * at each hand-over: an atomic rather than a write to cfg that they read. */
+static atomic_bool sealer_failed;
+
+static bool
+sealer_on (void)
+{
+  return cfg.tls_seal == TLS_SEAL_BLKD && !atomic_load_explicit (&sealer_failed,
+                                                                  memory_order_relaxed);
+}
+
 static const char *
 seal_takeover (struct tls_conn *t)
 {
   BIO *wbio = SSL_get_wbio (t->ssl);
   const char *why = NULL;
 
-  if (cfg.tls_seal != TLS_SEAL_BLKD)
+  if (!sealer_on ())
     why = "OpenSSL";
   else if (BIO_get_ktls_send (wbio))
     why = "kernel";
@@ -897,7 +908,7 @@ out:
  * the server's keys for a PSK-only server, NULL when it has certificates):
  * on any failure the sealer is turned off for the life of the server, and
  * sctx loses the callbacks it needed (contexts built later must not set
- * them: they look at cfg.tls_seal). */
+ * them: they look at sealer_on()). */
 static void
 seal_selftest (SSL_CTX *sctx, const struct psk_entry *psk)
 {
@@ -911,7 +922,7 @@ seal_selftest (SSL_CTX *sctx, const struct psk_entry *psk)
     if (why) {
       log_warn ("TLS: the --tls-seal=blkd self-test failed with %s: "
                 "%s; OpenSSL seals every record instead", suites[i], why);
-      cfg.tls_seal = TLS_SEAL_OPENSSL;
+      atomic_store (&sealer_failed, true);
       SSL_CTX_set_keylog_callback (sctx, NULL);
       SSL_CTX_set_msg_callback (sctx, NULL);
       return;
@@ -1014,9 +1025,9 @@ ctx_build (size_t *npsks)
     SSL_CTX_set_client_hello_cb (c, ktls_client_hello, NULL);
   }
 
-  /* Once a self-test has failed, cfg.tls_seal says so, and no later
+  /* Once a self-test has failed, sealer_on() says so, and no later
    * context asks for the sealer again. */
-  if (cfg.tls_seal == TLS_SEAL_BLKD) {
+  if (sealer_on ()) {
     SSL_CTX_set_keylog_callback (c, keylog_cb);
     SSL_CTX_set_msg_callback (c, msg_cb);
     seal_selftest (c, have_certs ? NULL : &tab->v[0]);
@@ -1089,7 +1100,7 @@ tls_setup (void)
            npsks ? "pre-shared keys" : "",
            ktls_kernel ? "kernel TLS available (for TLS 1.2 sessions)"
                        : "kernel TLS unavailable (no tls ULP): records sealed in user space",
-           cfg.tls_seal == TLS_SEAL_BLKD ? "TLS 1.3 records we send sealed by blkd "
+           sealer_on () ? "TLS 1.3 records we send sealed by blkd "
                                            "(--tls-seal=blkd, self-test passed)"
                                          : "records sealed by OpenSSL");
   if (cfg.tls_verify_peer)

@@ -162,4 +162,34 @@ check_eq(stats(mport)["cache"]["instances"], 1, "memory: one instance for the ex
 a.shutdown()
 b.shutdown()
 srv.stop()
+
+# memory ignores the export name: every name is the same disk.  Two names
+# must not get two caches of it, or a block cached under one name would
+# go stale when written under another, even after both flush (multi-conn).
+srv, mport = cache_server(["memory", "16M"])
+a = nbd_connect(srv, export="x")
+b = nbd_connect(srv)
+check_eq(bytes(a.pread(4, 0)), b"\0" * 4, "memory, export x: reads zeroes")
+b.pwrite(b"\x77" * BLOCK, 0)
+b.flush()
+a.flush()
+check_eq(bytes(a.pread(4, 0)), b"\x77" * 4,
+         "memory, export x: sees the default export's write after flush")
+# ... and the other way: the default export's cached block goes when the
+# same block is written under the name x.
+check_eq(bytes(b.pread(4, BLOCK)), b"\0" * 4, "memory: default export reads zeroes")
+a.pwrite(b"\x66" * BLOCK, BLOCK)
+a.flush()
+b.flush()
+check_eq(bytes(b.pread(4, BLOCK)), b"\x66" * 4,
+         "memory: the default export sees export x's write after flush")
+# Names the plugin does not list do not get an instance: a client
+# cannot make the server hold one cache per name it invents.
+hs = [nbd_connect(srv, export="name%d" % i) for i in range(8)]
+check(stats(mport)["cache"]["instances"] <= 1,
+      "memory: unlisted export names get no cache instance of their own",
+      "%d instances" % stats(mport)["cache"]["instances"])
+for h in hs + [a, b]:
+    h.shutdown()
+srv.stop()
 ok("cache isolation")

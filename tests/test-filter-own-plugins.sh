@@ -15,8 +15,8 @@ done
 
 hosts=(nbdkit)
 if server_is_nbdkit; then :
-elif "$BLKD" --help 2>&1 | grep -q -- '--filter'; then hosts+=(blkd)
-else note "$BLKD has no --filter option yet: only nbdkit hosts the stacks"
+elif grep -q -- '--filter' <<<"$("$BLKD" --help 2>&1)"; then hosts+=(blkd)
+else fail "$BLKD has no --filter option"
 fi
 
 for host in "${hosts[@]}"; do

@@ -5,7 +5,6 @@
 # option.
 . "$(dirname "$0")/lib.sh"
 [ -x "$BLKD" ] || skip "no blkd binary at $BLKD"
-"$BLKD" --help 2>&1 | grep -q -- --max-connections || skip "pending: --max-connections not implemented"
 : "${PYTHON:=/usr/bin/python3}"
 export TOP
 "$PYTHON" - <<'PYEOF'
