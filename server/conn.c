@@ -16,7 +16,6 @@
 
 #include "internal.h"
 #include "delayacct.h"
-#include "metrics.h"
 
 #define RBUF_SIZE        (64 * 1024)
 /* A payload remainder at least this big is read straight into its buffer
@@ -87,7 +86,7 @@ conn_new (struct shard *s, int fd, const char *peer)
     s->conns->prev = c;
   s->conns = c;
   s->nconns++;
-  metrics_conn_new (c);
+  stats_conn_new (c);
   return c;
 
 fail:
@@ -147,7 +146,7 @@ request_free (struct conn *c, struct request *r)
   if (r->buf)
     c->buf_bytes -= r->buf->cap;
   iobuf_put (pool, r->buf);
-  iobuf_req_put (pool, r);
+  request_put (pool, r);
   /* Idle time counts from the last reply too, not only the last request:
    * a request that ran longer than --idle-timeout is not idleness. */
   if (--c->inflight == 0 && cfg.idle_timeout)
@@ -675,7 +674,7 @@ conn_maybe_free (struct conn *c)
   free (c->export_name);
   if (log_current == &c->log)
     log_current = NULL;
-  metrics_conn_gone (c);
+  stats_conn_gone (c);
   shard_conn_gone (s, c);
   free (c);
   return true;

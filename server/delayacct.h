@@ -61,13 +61,13 @@ struct da_cmd {
 struct shard_stats {
   struct da_cmd cmd[DA_NCMD];
   uint64_t started, completed;          /* requests parsed / freed */
-  uint64_t iobuf_bytes;                 /* the pool's size, copied as each request ends */
+  struct iobuf_counters iobuf;          /* written by the shard's pool (iobuf.c) */
   struct da_phase_locked (*locked)[DA_PHASES];  /* [DA_NCMD], --delayacct=locked */
 } __attribute__ ((aligned (64)));
 
 /* Per connection, for /stats; written by the connection's shard thread. */
 struct conn_stats {
-  struct conn_stats *next, *prev;       /* registry (metrics.c), under its lock */
+  struct conn_stats *next, *prev;       /* registry (delayacct.c), under its lock */
   uint64_t id;
   int shard;
   char peer[64];
@@ -80,7 +80,16 @@ struct conn_stats {
 struct shard_stats *stats_shard (int i);
 int stats_nshards (void);
 void stats_free (void);
-void stats_set_export (struct conn *c);  /* metrics.c */
+/* Shard thread: a connection appears (a record when --metrics is on) /
+ * is about to be freed; its export name, once known. */
+void stats_conn_new (struct conn *c);
+void stats_conn_gone (struct conn *c);
+void stats_set_export (struct conn *c);
+/* Metrics thread: connections ever registered; each record, under the
+ * registry lock (fn must not block). */
+uint64_t stats_conns_total (void);
+void stats_conns_each (void (*fn) (const struct conn_stats *cs, bool first, void *arg),
+                       void *arg);
 
 void da_locked_begin (struct request *r, uint64_t t0);
 void da_locked_end (struct request *r, uint64_t t0, uint64_t t1);

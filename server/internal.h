@@ -29,6 +29,8 @@ enum tls_mode { TLS_OFF, TLS_ON, TLS_REQUIRE };
 enum tls_seal { TLS_SEAL_BLKD, TLS_SEAL_OPENSSL };
 enum delayacct_mode { DELAYACCT_COMPACT, DELAYACCT_LOCKED, DELAYACCT_OFF };
 enum cache_mode { CACHE_WRITETHROUGH, CACHE_WRITEBACK };
+/* --sparse-reads; NO and YES are what nbdkit_parse_bool returns. */
+enum sparse_reads { SPARSE_READS_NO = 0, SPARSE_READS_YES = 1, SPARSE_READS_AUTO };
 
 struct blkd_config {
   const char *ip;                 /* -i; NULL: all addresses */
@@ -55,7 +57,7 @@ struct blkd_config {
   enum iobuf_mode iobuf;
   enum queue_mode queue;
   enum dispatch_mode dispatch;
-  int sparse_reads;               /* OFFSET_HOLE chunks: 0 no, 1 yes, 2 auto */
+  enum sparse_reads sparse_reads; /* OFFSET_HOLE chunks; auto: where extents are cheap */
 
   /* Limits (hardening). */
   unsigned max_connections;       /* --max-connections; 0: no limit */
@@ -169,14 +171,24 @@ struct iobuf {
 };
 struct iobuf_pool;
 
-struct iobuf_pool *iobuf_pool_new (size_t limit_bytes);
+/* The pool's own counters, kept where its owner puts them: in memory that
+ * outlives the pool (the shard's stat block), so the metrics thread reads
+ * them without touching the pool.  One writer (the pool's shard thread),
+ * relaxed stores; readers use relaxed loads. */
+struct iobuf_counters {
+  uint64_t bytes;                 /* data buffers allocated: in use + cached */
+};
+
+/* ctr may be NULL (nobody reads the counters). */
+struct iobuf_pool *iobuf_pool_new (size_t limit_bytes, struct iobuf_counters *ctr);
 void iobuf_pool_free (struct iobuf_pool *p);
 /* NULL (errno ENOBUFS) when the pool's bound is reached: the caller waits. */
 struct iobuf *iobuf_get (struct iobuf_pool *p, size_t size);
 void iobuf_put (struct iobuf_pool *p, struct iobuf *b);
-struct request *iobuf_req_get (struct iobuf_pool *p);
-void iobuf_req_put (struct iobuf_pool *p, struct request *r);
-size_t iobuf_pool_bytes (const struct iobuf_pool *p);
+/* Descriptors of one fixed size (the request code's, malloc'd by it, at
+ * least a pointer big): a cached one or NULL; freed with the pool. */
+void *iobuf_desc_get (struct iobuf_pool *p);
+void iobuf_desc_put (struct iobuf_pool *p, void *desc);
 
 /* ---- requests (protocol.c) ------------------------------------------ */
 
@@ -185,7 +197,7 @@ size_t iobuf_pool_bytes (const struct iobuf_pool *p);
 #define REQ_LEND_MAX   (2 * REQ_MAX_CHUNKS + 1)
 
 /* One request from header to reply.  Large (the reply headers live here)
- * and recycled by the pool without a memset: request_reset() sets exactly
+ * and recycled by the pool without a memset: request_get() sets exactly
  * the fields every request reads before it writes them. */
 struct request {
   struct request *next;           /* send queue / work queue / free list */
@@ -218,13 +230,13 @@ struct request {
   void *lent_token[REQ_LEND_MAX];
 };
 
-void request_reset (struct request *r);
+/* A request from the shard's pool, reset; NULL when out of memory. */
+struct request *request_get (struct iobuf_pool *p);
+void request_put (struct iobuf_pool *p, struct request *r);
 /* Validate a parsed header; 0 or the errno to answer with. */
 int protocol_validate (struct conn *c, const struct request *r);
 /* Run the plugin call for r (shard thread or worker). */
 void protocol_execute (struct request *r);
-/* Build r's reply iovecs from its result (shard thread). */
-void protocol_build_reply (struct request *r);
 uint32_t protocol_nbd_error (int err, const struct request *r);
 /* Where a WRITE's payload from byte `have` on goes: at most max iovecs
  * (the pool buffer, or the pieces of a placed write); 0 when complete. */
@@ -267,8 +279,7 @@ struct conn {
   uint32_t recv_have;
   uint64_t discard_left;
   struct request *stalled_req;    /* parsed, waiting for a pool buffer */
-  uint32_t skip_option_reply;     /* option too big: answer when skipped */
-  uint32_t skip_option;
+  uint32_t skip_option;           /* option too big: answered once skipped */
 
   /* Output: handshake bytes, then replies in completion order. */
   uint8_t *obuf;
@@ -286,7 +297,7 @@ struct conn {
   bool flush_pending;
   struct conn *wait_next;         /* shard's list of conns waiting for buffers */
   struct plugin_conn pc;
-  struct conn_stats *mstats;      /* /stats record (metrics.c); NULL: none */
+  struct conn_stats *mstats;      /* /stats record (delayacct.c); NULL: none */
 
   /* TLS (tls.c): the session once STARTTLS was accepted, NULL in clear. */
   void *tls;
@@ -373,7 +384,9 @@ unsigned shard_total_conns (void);
 /* ---- work queues (queue.c) ------------------------------------------- */
 
 struct queue;
-struct queue *queue_new (int nworkers, const char *name);
+/* What a worker does with each request it takes off the queue. */
+typedef void queue_run_fn (struct request *r);
+struct queue *queue_new (int nworkers, const char *name, queue_run_fn *run);
 void queue_push (struct queue *q, struct request *r);
 void queue_stop (struct queue *q);               /* join workers, free */
 

@@ -508,7 +508,8 @@ main (int argc, char **argv)
                                 (const char *const[]) { "split", "global", NULL });
       break;
     case OPT_SPARSE_READS:
-      cfg.sparse_reads = strcmp (optarg, "auto") == 0 ? 2 : parse_bool_opt (optarg);
+      cfg.sparse_reads = strcmp (optarg, "auto") == 0 ? SPARSE_READS_AUTO
+        : parse_bool_opt (optarg) ? SPARSE_READS_YES : SPARSE_READS_NO;
       break;
     case OPT_MAX_CONNECTIONS:
       cfg.max_connections = parse_int_opt ("--max-connections", optarg, 0, 1000000);
