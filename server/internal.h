@@ -255,6 +255,19 @@ enum conn_phase {
   CONN_CLOSING,                   /* no more input; drain and free */
 };
 
+/* Why a connection is not reading (struct conn's read_block): while any
+ * bit but PAUSED is set the parser takes no new request; PAUSED says the
+ * read event is off, and conn_resume_reading turns it back on once the
+ * other bits and the computed limits (max_inflight, handshake output,
+ * a request stalled on the pool) are clear. */
+enum conn_read_block {
+  CONN_READ_PAUSED    = 1u << 0,  /* back-pressure: not watching the socket */
+  CONN_READ_BUFFERS   = 1u << 1,  /* on the shard's list of pool waiters */
+  CONN_READ_SEND_FULL = 1u << 2,  /* the socket refused bytes: parse no more */
+  CONN_READ_CLOSING   = 1u << 3,  /* no more input: answer what came, then close */
+  CONN_READ_STARTTLS  = 1u << 4,  /* ACK queued in clear; TLS handshake once sent */
+};
+
 struct conn {
   uint64_t id;
   char peer[64];
@@ -264,11 +277,10 @@ struct conn {
   int fd;
   struct event *ev_read, *ev_write;
   enum conn_phase phase;
-  bool no_zeroes, structured, meta_base_allocation, want_close;
+  bool no_zeroes, structured, meta_base_allocation;
   bool fixed_newstyle;            /* client set NBD_FLAG_C_FIXED_NEWSTYLE */
-  bool read_paused;               /* back-pressure: not watching the socket */
+  unsigned read_block;            /* enum conn_read_block bits; 0: reading */
   bool read_drained;              /* last read was short: socket empty */
-  bool waiting_buffers;           /* on the shard's list of pool waiters */
   char *export_name;
 
   /* Input: bytes read but not yet consumed. */
@@ -286,8 +298,8 @@ struct conn {
   size_t olen, ooff, ocap;
   struct request *sendq_head, *sendq_tail;
   size_t sendq_bytes;             /* reply bytes queued, not yet sent */
-  bool send_full;                 /* the socket refused bytes: parse no more */
-  bool stall_expired;             /* ... for SEND_STALL_MS; then parse anyway */
+  bool stall_expired;             /* the socket stayed full SEND_STALL_MS: parse
+                                     anyway, CONN_READ_SEND_FULL stays clear */
   struct event *ev_stall;         /* the SEND_STALL_MS timer */
 
   unsigned inflight;              /* parsed, not yet freed */
@@ -301,7 +313,6 @@ struct conn {
 
   /* TLS (tls.c): the session once STARTTLS was accepted, NULL in clear. */
   void *tls;
-  bool starttls_pending;          /* ACK queued in clear; handshake once sent */
 };
 
 struct conn *conn_new (struct shard *s, int fd, const char *peer);

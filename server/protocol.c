@@ -657,8 +657,8 @@ int
 protocol_consume (struct conn *c)
 {
   for (;;) {
-    if (c->stalled_req || c->want_close || c->phase != CONN_TRANSMISSION
-        || c->send_full)
+    if (c->stalled_req || c->phase != CONN_TRANSMISSION
+        || (c->read_block & (CONN_READ_CLOSING | CONN_READ_SEND_FULL)))
       return 0;
     uint8_t *in = c->rbuf + c->roff;
     size_t avail = c->rlen - c->roff;
@@ -717,7 +717,7 @@ protocol_consume (struct conn *c)
       log_debug ("client sent DISC");
       request_put (c->shard->pool, r);
       c->inflight--;
-      c->want_close = true;
+      c->read_block |= CONN_READ_CLOSING;
       return 0;
     }
     delayacct_parsed (c, r);

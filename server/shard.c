@@ -118,9 +118,9 @@ shard_flush_marked (struct shard *s)
 void
 shard_wait_buffers (struct shard *s, struct conn *c)
 {
-  if (c->waiting_buffers)
+  if (c->read_block & CONN_READ_BUFFERS)
     return;
-  c->waiting_buffers = true;
+  c->read_block |= CONN_READ_BUFFERS;
   c->wait_next = s->waiters;
   s->waiters = c;
 }
@@ -136,7 +136,7 @@ shard_wake_waiters (struct shard *s)
     struct conn *c = *pp;
     if (protocol_retry_stalled (c)) {
       *pp = c->wait_next;
-      c->waiting_buffers = false;
+      c->read_block &= ~CONN_READ_BUFFERS;
       conn_resume_reading (c);
     }
     else
