@@ -1,18 +1,18 @@
-/* Request accounting and compact delay accounting (seed 001).
+/* Request accounting, per-connection records and compact delay accounting.
  *
  * Every request is counted by command (requests, bytes, errors) and, unless
  * --delayacct=off, timed in three phases: queued (parsed -> plugin call
  * starts), plugin (the call itself) and send (reply ready -> last byte
  * handed to the socket).
  *
- * --delayacct=compact (the default) is the seed's "after": the per-shard
+ * --delayacct=compact (the default, the kernel change's "after"): the per-shard
  * block has no lock and no start/end timestamps.  Start and end times live
  * in locals where they are taken; only durations travel in the request, and
  * every counter is updated on the shard thread, its single writer, with
  * relaxed atomic stores (no read-modify-write atomics, no lock).  The one
  * flag -- "this phase has been used" -- rides in the top bit of the count.
  *
- * --delayacct=locked is the seed's "before": a mutex-guarded struct per
+ * --delayacct=locked (the "before"): a mutex-guarded struct per
  * shard, command and phase that stores the start and end timestamps and a
  * separate flags word, updated where the time is taken (a worker thread for
  * the queued and plugin phases), so the shard thread and its workers share

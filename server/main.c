@@ -128,10 +128,10 @@ usage (FILE *f)
 "      --dispatch MODE    auto (default): call in-memory plugins on the shard\n"
 "                         thread, others on workers; inline; worker\n"
 "      --iobuf MODE       pool (default): recycle buffers without memset;\n"
-"                         calloc: allocate and zero each request (seed 000 A/B)\n"
+"                         calloc: zero every buffer and request on allocation\n"
 "      --iobuf-mem SIZE   bound on request buffer memory, all shards (default 1G)\n"
 "      --queue MODE       split (default): a queue and lock per shard;\n"
-"                         global: one queue, lock and worker pool (seed 002 A/B)\n"
+"                         global: one global queue, lock and worker pool\n"
 "      --sparse-reads B   send holes in structured reads as OFFSET_HOLE chunks:\n"
 "                         yes, no, or auto (default: for in-memory plugins,\n"
 "                         whose extents are cheap; a file's SEEK_HOLE is not)\n"
@@ -153,13 +153,15 @@ usage (FILE *f)
 "\n"
 "Observability:\n"
 "      --metrics ADDR:PORT  serve /metrics (Prometheus), /stats (JSON), /healthz\n"
-"      --delayacct MODE   compact (default), locked (seed 001 A/B), off\n"
+"      --delayacct MODE   compact (default: lock-free per-shard counters),\n"
+"                         locked (a mutex and timestamps per counter), off\n"
 "\n"
 "Block cache:\n"
 "      --cache SIZE       cache between protocol and plugin (default 0: off)\n"
 "      --cache-block SIZE cache block size (default 64K)\n"
 "      --cache-mode MODE  writethrough (default) or writeback\n"
-"      --cache-ctor B     keep freed entries constructed (seed 004 A/B; default no)\n");
+"      --cache-ctor B     keep freed entries constructed for reuse (default no:\n"
+"                         initialise each entry when it is allocated)\n");
 }
 
 /* Sizes on our command line use the same parser plugins use. */
