@@ -1,5 +1,31 @@
 /* Declarations shared between the server's files: configuration, shards,
  * connections, requests, the plugin host, buffers and queues. */
+
+/* The life of a request, and the function at each step (file):
+ *
+ *  accept     on_accept (listen.c) → shard_handoff → the shard's eventfd →
+ *             shard_on_notify → conn_new, conn_start (conn.c)
+ *  handshake  conn_on_read → conn_pump → read_some, process_input →
+ *             handshake_consume (handshake.c; tls.c after STARTTLS) until
+ *             the phase is CONN_TRANSMISSION
+ *  parse      protocol_consume (protocol.c): request_get from the shard's
+ *             pool, protocol_validate, attach_buffer (a WRITE's payload is
+ *             read by read_some into its buffer first); or park on the pool
+ *             with shard_wait_buffers, retried by protocol_retry_stalled
+ *  dispatch   start_request → shard_dispatch (shard.c): inline on the shard
+ *             thread, or queue_push (queue.c) to a worker that runs
+ *             shard_run_request
+ *  backend    protocol_execute → backend (layer stack), timed by
+ *             delayacct_plugin_begin/end (delayacct.h)
+ *  reply      protocol_execute builds the reply iovecs (put_simple,
+ *             put_error, put_read_reply); inline: conn_on_complete; from a
+ *             worker: shard_complete → shard_on_notify → conn_on_complete,
+ *             which queues it on the connection and shard_mark_flush
+ *  send       shard_flush_marked → conn_flush → send_pending (one sendmsg
+ *             for many replies, tls_sendv under TLS, sendfile for lent file
+ *             data) → request_free: delayacct_done, request_put
+ *
+ * Back-pressure at any step stops reading; why is c->read_block. */
 #ifndef BLKD_INTERNAL_H
 #define BLKD_INTERNAL_H
 
