@@ -8,6 +8,10 @@ DESTDIR  ?=
 BINDIR    = $(PREFIX)/bin
 LIBDIR    = $(PREFIX)/lib/blkd
 PLUGINDIR = $(LIBDIR)/plugins
+FILTERDIR = $(LIBDIR)/filters
+# nbdkit's own directories, searched after the tree's and blkd's.
+NBDKIT_PLUGINDIR := $(shell pkg-config --variable=plugindir nbdkit)
+NBDKIT_FILTERDIR := $(shell pkg-config --variable=filterdir nbdkit)
 VERSION   = 0.1.0
 
 # SANITIZE=1 builds everything with AddressSanitizer + UBSan into its own
@@ -23,7 +27,9 @@ endif
 WARN      = -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 $(WARN) $(SANFLAGS) -D_GNU_SOURCE -Iinclude -pthread \
-            -DBLKD_VERSION='"$(VERSION)"' -DBLKD_PLUGINDIR='"$(PLUGINDIR)"'
+            -DBLKD_VERSION='"$(VERSION)"' -DBLKD_PLUGINDIR='"$(PLUGINDIR)"' \
+            -DBLKD_FILTERDIR='"$(FILTERDIR)"' -DNBDKIT_PLUGINDIR='"$(NBDKIT_PLUGINDIR)"' \
+            -DNBDKIT_FILTERDIR='"$(NBDKIT_FILTERDIR)"'
 LDFLAGS  += $(SANFLAGS) -pthread
 
 # Test hooks (environment knobs such as BLKD_TLS_REKEY_RECORDS) exist only
@@ -44,7 +50,7 @@ DEPS = build-essential pkg-config libevent-dev libssl-dev openssl \
        python3-prometheus-client qemu-utils qemu-system-common fuse3 \
        e2fsprogs fio nbd-client nbd-server iperf3 clang valgrind \
        systemd iproute2 procps psmisc curl python3-yaml bc \
-       python3-cryptography
+       python3-cryptography gnuplot-nox librsvg2-bin strace cryptsetup-bin
 
 SERVER_SRCS = $(wildcard server/*.c)
 SERVER_OBJS = $(SERVER_SRCS:%.c=$(BUILD)/%.o)

@@ -9,7 +9,8 @@
 # of $ITER iterations of $LEN seconds each, alternating A B A B; odd rounds
 # give B first so order effects cancel.  Per round it keeps each side's
 # IOPS, server CPU per request (blkd's own counters via -M) and delay
-# accounting per request; at the end it prints one markdown table row per
+# accounting per request, and charts round 1 (--plot, into $OUT/NAME.svg,
+# when gnuplot is there); at the end it prints one markdown table row per
 # metric: median of each side over the rounds, the median of the per-round
 # B/A ratios and their spread (min..max).  Raw JSON goes to $OUT.
 set -euo pipefail
@@ -23,7 +24,7 @@ ab_run() {
   NAME=$1 A_OPTS=$2 B_OPTS=$3 PLUGIN=$4 TEST=$5 \
   BLKD=$BLKD BLKPERF=$BLKPERF ROUNDS=$ROUNDS ITER=$ITER LEN=$LEN OUT=$OUT \
   /usr/bin/python3 - <<'EOF'
-import json, os, shlex, socket, statistics, subprocess, sys, time, urllib.request
+import json, os, shlex, shutil, socket, statistics, subprocess, sys, time, urllib.request
 
 env = os.environ
 name, rounds, iters, length = env["NAME"], int(env["ROUNDS"]), int(env["ITER"]), env["LEN"]
@@ -74,6 +75,11 @@ for r in range(rounds):
     uris, mets = ([ub, ua], [mb, ma]) if first_b else ([ua, ub], [ma, mb])
     cmd = [env["BLKPERF"], "compare", "--json", "--quiet", "-l", length,
            "-i", "%d,%d" % (iters, iters), "-M", mets[0], "-M", mets[1]] + test + uris
+    if r == 0 and shutil.which("gnuplot"):
+        # One chart per A/B, from the round that ran A first.
+        cmd[2:2] = ["--plot", os.path.join(env["OUT"], slug + ".svg"),
+                    "--label", " ".join(a_opts) or "defaults",
+                    "--label", " ".join(b_opts) or "defaults"]
     cache = {}
     try:
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout

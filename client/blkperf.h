@@ -61,6 +61,9 @@ struct bp_opts {
   unsigned read_pct;             /* --rw-mix */
   bool prefill;                  /* --prefill (always on for SEQ_REWRITE) */
   bool quiet;                    /* no progress line */
+  bool io_libnbd;                /* --io=libnbd: libnbd's aio loop, not wire.c */
+  const char *plot;              /* --plot FILE.svg */
+  const char *label[2];          /* --label: A's and B's names on the chart */
   /* TLS, applied to every handle before nbd_connect_uri. */
   const char *tls_certificates, *tls_psk, *tls_username;
   bool tls_verify_peer, tls_verify_set, tls_any;
@@ -207,6 +210,16 @@ struct bp_target {
   uint64_t span, offset;            /* the range this run uses */
 };
 
+/* Percentiles kept per iteration for --plot's latency curve (plot.c). */
+#define BP_NQ 13
+extern const double bp_plot_q[BP_NQ];
+
+/* Throughput over one second of an iteration's window. */
+struct bp_tsample {
+  unsigned iter, sec;            /* sec: 1 = the window's first second */
+  double mibs, iops;
+};
+
 /* One iteration's measurements. */
 struct bp_iter {
   double elapsed_s;
@@ -216,6 +229,7 @@ struct bp_iter {
   uint64_t errors;
   double bytes_per_s, iops;
   double lat_mean_us, lat_p50_us, lat_p99_us, lat_p999_us;
+  double lat_q_us[BP_NQ];        /* at bp_plot_q */
   int rcvbuf, sndbuf;
   bool interrupted;
 };
@@ -233,6 +247,9 @@ struct bp_result {
   char remote_err[256];              /* last scrape failure, for the report */
   bool interrupted;
   bool failed;                       /* a connection died or could not start */
+  bool wire;                         /* the request loop was wire.c's */
+  struct bp_tsample *ts;             /* per-second throughput, all iterations */
+  unsigned nts, tscap;
 };
 
 extern volatile sig_atomic_t bp_interrupted;
@@ -257,6 +274,62 @@ void bp_workers_free (void);
 double bp_iter_metric (const struct bp_iter *it, int which);
 enum { BP_M_MIBS, BP_M_IOPS, BP_M_LAT_MEAN, BP_M_LAT_P99, BP_NMETRICS };
 
+/* ---- raw transmission phase (wire.c) ---------------------------------- */
+
+#include <sys/uio.h>
+
+/* One request as the wire engine tracks it, indexed by slot (the handle). */
+struct bp_wire_req {
+  uint8_t hdr[28];                 /* the request as sent */
+  uint64_t off;
+  uint32_t len;
+  char *buf;                       /* read destination */
+  int error;                       /* first error the server reported */
+  uint8_t op;
+  bool busy;
+};
+
+enum bp_wire_phase { BP_WIRE_HDR, BP_WIRE_DATA };
+
+struct bp_wire {
+  int fd, saved_flags;
+  bool flags_changed, structured, dead;
+  bool big_reads;                  /* read payloads >= 64 KiB: headers alone */
+  unsigned depth, inflight;
+  struct bp_wire_req *req;
+  struct iovec *iov;               /* queued, not yet sent */
+  unsigned niov, iov_head;
+  uint8_t *rx;                     /* receive buffer, [rx_head, rx_tail) unparsed */
+  size_t rx_head, rx_tail;
+  enum bp_wire_phase phase;        /* in DATA: copying a payload to dst */
+  uint32_t cur;
+  char *dst;
+  size_t left;
+  bool last;                       /* the payload ends its reply */
+  char err[160];
+};
+
+typedef void bp_wire_done_fn (void *opaque, uint32_t slot, int error);
+
+/* Takes over a connected socket (libnbd's, negotiated and idle): makes it
+ * blocking with a 200 ms receive timeout.  big_reads: reads of at least
+ * 64 KiB are coming, receive their headers alone.  -1 with errno on failure. */
+int bp_wire_init (struct bp_wire *w, int fd, bool structured, unsigned depth,
+                  bool big_reads);
+/* Restores the socket's flags and frees the buffers. */
+void bp_wire_free (struct bp_wire *w);
+/* Queues a request under handle SLOT (< depth, not in flight). */
+void bp_wire_queue (struct bp_wire *w, uint32_t slot, int op, uint64_t off,
+                    uint32_t len, char *rbuf, const char *wbuf);
+/* Sends what is queued without blocking; -1 (w->err) when the connection died. */
+int bp_wire_flush (struct bp_wire *w);
+/* Waits up to 200 ms for replies and retires what arrived through DONE;
+ * 1 when something was received, 0 on timeout, -1 (w->err) on a lost
+ * connection or a protocol error. */
+int bp_wire_recv (struct bp_wire *w, bp_wire_done_fn *done, void *opaque);
+/* Nothing in flight, queued or half-parsed: the stream is at a boundary. */
+bool bp_wire_idle (const struct bp_wire *w);
+
 /* ---- reporting (report.c) --------------------------------------------- */
 
 void bp_report_run (FILE *f, const struct bp_opts *o, const struct bp_result *r);
@@ -266,6 +339,15 @@ void bp_report_compare (FILE *f, const struct bp_opts *o,
 void bp_result_summary (const struct bp_opts *o, const struct bp_result *r,
                         int metric, struct bp_summary *s);
 bool bp_ci_met (const struct bp_opts *o, const struct bp_result *r);
+
+/* ---- charts (plot.c) ------------------------------------------------- */
+
+/* With --plot: dies with one line unless gnuplot is there and the file
+ * can be written, so a long run does not end in "cannot draw". */
+void bp_plot_check (const struct bp_opts *o);
+/* Draws o->plot from a (and b in compare mode); -1 (warned) on failure. */
+int bp_plot_write (const struct bp_opts *o, const struct bp_result *a,
+                   const struct bp_result *b);
 
 /* ---- small helpers (opts.c) ------------------------------------------- */
 

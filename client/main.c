@@ -53,6 +53,7 @@ main (int argc, char **argv)
 {
   struct bp_opts o;
   bp_opts_parse (&o, argc, argv);
+  bp_plot_check (&o);
 
   struct sigaction sa = { .sa_handler = bp_on_sigint };
   sigemptyset (&sa.sa_mask);
@@ -92,8 +93,12 @@ main (int argc, char **argv)
       if (o.ci_requested && i + 1 >= o.iter_min && bp_ci_met (&o, ra))
         break;
     }
-    if (ra->n)
+    if (ra->n) {
       bp_report_run (stdout, &o, ra);
+      fflush (stdout);
+      if (bp_plot_write (&o, ra, NULL) == -1)
+        status = 1;
+    }
   }
   else {
     unsigned pairs = 0;
@@ -108,8 +113,12 @@ main (int argc, char **argv)
       }
       pairs++;
     }
-    if (ra->n && rb->n)
+    if (ra->n && rb->n) {
       bp_report_compare (stdout, &o, ra, rb);
+      fflush (stdout);
+      if (bp_plot_write (&o, ra, rb) == -1)
+        status = 1;
+    }
   }
   fflush (stdout);
 
@@ -121,6 +130,10 @@ main (int argc, char **argv)
  out:
   for (unsigned i = 0; i < nt; i++)
     free (t[i].export_name);
+  if (ra)
+    free (ra->ts);
+  if (rb)
+    free (rb->ts);
   free (ra);
   free (rb);
   bp_workers_free ();

@@ -159,6 +159,12 @@ bp_usage (FILE *f)
 "                     is B's (default: the same URL)\n"
 "  --json             one JSON object on stdout instead of the table\n"
 "  --quiet            no progress line on stderr\n"
+"  --plot FILE.svg    draw the latency percentiles and the throughput per\n"
+"                     second (A and B together in compare mode); needs gnuplot\n"
+"  --label NAME       the chart's name for A (default its URI); again for B\n"
+"  --io ENGINE        wire (default): blkperf's own batched request loop on\n"
+"                     the connection libnbd negotiated; libnbd: libnbd's aio\n"
+"                     calls, one per request (TLS always runs on libnbd)\n"
 "\n"
 "TLS (also in the URI; any of these turns nbd:// into nbds://):\n"
 "  --tls-certificates DIR   --tls-psk FILE   --tls-username NAME\n"
@@ -170,7 +176,7 @@ bp_usage (FILE *f)
 enum {
   BP_OPT_JSON = 256, BP_OPT_SPAN, BP_OPT_OFFSET, BP_OPT_RWMIX, BP_OPT_QUIET,
   BP_OPT_TLS_CERTS, BP_OPT_TLS_PSK, BP_OPT_TLS_USER, BP_OPT_TLS_VERIFY,
-  BP_OPT_TLS_NOVERIFY, BP_OPT_PREFILL,
+  BP_OPT_TLS_NOVERIFY, BP_OPT_PREFILL, BP_OPT_IO, BP_OPT_PLOT, BP_OPT_LABEL,
 };
 
 static const struct option bp_long_opts[] = {
@@ -192,6 +198,9 @@ static const struct option bp_long_opts[] = {
   { "rw-mix", required_argument, NULL, BP_OPT_RWMIX },
   { "quiet", no_argument, NULL, BP_OPT_QUIET },
   { "prefill", no_argument, NULL, BP_OPT_PREFILL },
+  { "io", required_argument, NULL, BP_OPT_IO },
+  { "plot", required_argument, NULL, BP_OPT_PLOT },
+  { "label", required_argument, NULL, BP_OPT_LABEL },
   { "tls-certificates", required_argument, NULL, BP_OPT_TLS_CERTS },
   { "tls-psk", required_argument, NULL, BP_OPT_TLS_PSK },
   { "tls-username", required_argument, NULL, BP_OPT_TLS_USER },
@@ -273,7 +282,7 @@ bp_opts_parse (struct bp_opts *o, int argc, char **argv)
   o->read_pct = 60;
   bool have_b = false, have_q = false, have_i = false, have_I = false,
        have_l = false, have_n = false;
-  int nmetrics = 0;
+  int nmetrics = 0, nlabels = 0;
 
   if (argc > 1 && strcmp (argv[1], "compare") == 0) {
     o->compare = true;
@@ -348,6 +357,20 @@ bp_opts_parse (struct bp_opts *o, int argc, char **argv)
     case BP_OPT_JSON: o->json = true; break;
     case BP_OPT_QUIET: o->quiet = true; break;
     case BP_OPT_PREFILL: o->prefill = true; break;
+    case BP_OPT_IO:
+      if (strcmp (optarg, "libnbd") == 0)
+        o->io_libnbd = true;
+      else if (strcmp (optarg, "wire") == 0)
+        o->io_libnbd = false;
+      else
+        bp_usage_error ("--io: expected wire or libnbd, got %s", optarg);
+      break;
+    case BP_OPT_PLOT: o->plot = optarg; break;
+    case BP_OPT_LABEL:
+      if (nlabels >= 2)
+        bp_usage_error ("--label: at most two (A's, then B's)");
+      o->label[nlabels++] = optarg;
+      break;
     case BP_OPT_SPAN:
       if (bp_parse_size (optarg, &o->span) == -1 || o->span == 0)
         bp_usage_error ("--span: bad size %s", optarg);

@@ -421,6 +421,7 @@ bp_json_run (FILE *f, const struct bp_opts *o, const struct bp_result *r)
   if (o->test == BP_RAND_RW)
     fprintf (f, ", \"read_pct\": %u", o->read_pct);
   fprintf (f, ", \"prefill\": %s", o->prefill ? "true" : "false");
+  fprintf (f, ", \"io\": \"%s\"", r->wire ? "wire" : "libnbd");
   fputs (", \"mode\": ", f);
   bp_jstr (f, o->nrequests ? "requests" : "time");
   const char *sep = ", ";

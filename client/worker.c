@@ -113,6 +113,10 @@ struct bp_conn {
   bool failed;
   char err[256];
   int rcvbuf, sndbuf;
+  uint64_t p99_ns;              /* latest p99 so far, for the progress line */
+  uint64_t p99_at;              /* when it was last computed */
+  bool use_wire;                /* this connection runs on wire.c */
+  struct bp_wire wire;
   pthread_t thread;
   const struct bp_opts *o;
   const char *uri;
@@ -151,6 +155,11 @@ bp_open (const struct bp_opts *o, const char *uri, char *err, size_t errlen)
        * path keeps, and that would make blkperf slower than the server it
        * measures.  Buffers here are never read after a failed request. */
       || nbd_set_pread_initialize (h, false) == -1
+#ifdef LIBNBD_HAVE_NBD_SET_REQUEST_EXTENDED_HEADERS
+      /* wire.c speaks the classic 28-byte request header; newer libnbd
+       * would otherwise negotiate 64-bit extended headers. */
+      || nbd_set_request_extended_headers (h, false) == -1
+#endif
       || nbd_connect_uri (h, uri) == -1) {
     snprintf (err, errlen, "%s: %s", uri, nbd_get_error ());
     nbd_close (h);
@@ -243,21 +252,20 @@ bp_settle_range (const struct bp_opts *o, struct bp_target *t, unsigned n)
 
 /* ---- the hot path ----------------------------------------------------- */
 
-static int
-bp_on_done (void *user_data, int *error)
+/* One request finished: counts it when it belongs to the window.  Both
+ * engines end here; the wire engine reads the clock once per batch of
+ * replies that one recv() brought, since they arrived together. */
+static inline void
+bp_complete (struct bp_conn *c, struct bp_slot *s, int error, uint64_t now)
 {
-  struct bp_slot *s = user_data;
-  struct bp_conn *c = s->c;
-  uint64_t now = bp_now_ns ();
-
   c->inflight--;
   c->free[c->nfree++] = s->idx;
   c->last_any_ns = now;
-  if (__builtin_expect (*error != 0, 0)) {
+  if (__builtin_expect (error != 0, 0)) {
     bp_bump (&c->errors, 1);
     if (!c->first_error)
-      c->first_error = *error;
-    return 1;
+      c->first_error = error;
+    return;
   }
   /* Time mode counts what completes inside the window, which in steady
    * state is exactly rate x window; count mode counts what it issued. */
@@ -270,6 +278,13 @@ bp_on_done (void *user_data, int *error)
     bp_hist_add (&c->hist, now - s->t_issue);
     c->last_done_ns = now;
   }
+}
+
+static int
+bp_on_done (void *user_data, int *error)
+{
+  struct bp_slot *s = user_data;
+  bp_complete (s->c, s, *error, bp_now_ns ());
   return 1;                      /* retire the command now */
 }
 
@@ -317,19 +332,56 @@ bp_next (struct bp_conn *c, uint64_t *off, int *op)
   }
 }
 
-static int
-bp_issue (struct bp_conn *c, uint64_t off, int op, bool counted)
+/* A server that answers nothing for this long is stuck, not slow; NBD
+ * has no timeout of its own and a benchmark must end. */
+#define BP_GIVE_UP_NS (30ull * 1000000000u)
+
+static inline bool
+bp_stopping (const struct bp_conn *c, uint64_t now)
 {
-  uint32_t idx = c->free[--c->nfree];
-  struct bp_slot *s = &c->slots[idx];
+  return bp_interrupted || c->failed || (!c->count_mode && now >= c->we)
+         || (c->count_mode && c->quota == 0);
+}
+
+/* True (and the connection failed) when requests wait with no reply. */
+static bool
+bp_stalled (struct bp_conn *c, uint64_t now)
+{
+  if (c->inflight == 0 || now - c->last_any_ns <= BP_GIVE_UP_NS)
+    return false;
+  snprintf (c->err, sizeof c->err,
+            "no reply for 30 s with %u requests in flight; giving up", c->inflight);
+  c->failed = true;
+  return true;
+}
+
+/* Takes a free slot for the next request, stamped `now` and counted in
+ * flight; NULL when none may be issued right now. */
+static inline struct bp_slot *
+bp_take (struct bp_conn *c, uint64_t now, uint64_t *off)
+{
+  int op;
+  if (!bp_next (c, off, &op))
+    return NULL;
+  struct bp_slot *s = &c->slots[c->free[--c->nfree]];
+  s->op = (uint8_t) op;
+  s->counted = c->count_mode && now >= c->ws;
+  s->t_issue = now;
+  c->inflight++;
+  return s;
+}
+
+/* libnbd's loop: the slot was counted in flight before the call, since
+ * libnbd may read replies (and so run bp_on_done for earlier requests)
+ * while it sends this one. */
+static int
+bp_issue (struct bp_conn *c, struct bp_slot *s, uint64_t off)
+{
+  uint32_t idx = s->idx;
+  int op = s->op;
   nbd_completion_callback cb = { .callback = bp_on_done, .user_data = s };
   int64_t r;
 
-  s->op = (uint8_t) op;
-  s->counted = counted;
-  /* Counted in flight before the call: libnbd may read replies (and so
-   * run bp_on_done for earlier requests) while it sends this one. */
-  c->inflight++;
   s->t_issue = bp_now_ns ();
   switch (op) {
   case BP_OP_READ:
@@ -356,29 +408,33 @@ bp_issue (struct bp_conn *c, uint64_t off, int op, bool counted)
   return 0;
 }
 
+/* Refreshes the connection's p99 for the progress line a few times a
+ * second: a scan of the histogram, cheap at that rate, and it keeps the
+ * other thread from reading buckets that are being written. */
+static inline void
+bp_publish (struct bp_conn *c, uint64_t now)
+{
+  if (now - c->p99_at < 250000000u)
+    return;
+  c->p99_at = now;
+  double q = c->hist.count ? bp_hist_quantile_us (&c->hist, 0.99) * 1000.0 : 0;
+  __atomic_store_n (&c->p99_ns, (uint64_t) q, __ATOMIC_RELAXED);
+}
+
 static void
 bp_conn_loop (struct bp_conn *c)
 {
-  /* A server that answers nothing for this long is stuck, not slow; NBD
-   * has no timeout of its own and a benchmark must end. */
-  const uint64_t give_up_ns = 30ull * 1000000000u;
   c->last_any_ns = bp_now_ns ();
   for (;;) {
-    uint64_t now = bp_now_ns ();
-    bool stop = bp_interrupted || c->failed
-                || (!c->count_mode && now >= c->we)
-                || (c->count_mode && c->quota == 0);
-    while (!stop && c->nfree > 0) {
-      uint64_t off;
-      int op;
-      if (!bp_next (c, &off, &op))
-        break;
-      bool counted = c->count_mode && now >= c->ws;
-      if (bp_issue (c, off, op, counted) == -1) {
+    uint64_t now = bp_now_ns (), off;
+    bool stop = bp_stopping (c, now);
+    struct bp_slot *s;
+    while (!stop && c->nfree > 0 && (s = bp_take (c, now, &off))) {
+      if (bp_issue (c, s, off) == -1) {
         c->failed = true;
         break;
       }
-      if (counted && --c->quota == 0)
+      if (s->counted && --c->quota == 0)
         break;
     }
     if (c->inflight == 0) {
@@ -393,13 +449,90 @@ bp_conn_loop (struct bp_conn *c)
       c->failed = true;
       break;
     }
-    if (c->inflight > 0 && bp_now_ns () - c->last_any_ns > give_up_ns) {
-      snprintf (c->err, sizeof c->err,
-                "no reply for 30 s with %u requests in flight; giving up", c->inflight);
-      c->failed = true;
+    uint64_t after = bp_now_ns ();
+    bp_publish (c, after);
+    if (bp_stalled (c, after))
       break;
-    }
   }
+}
+
+struct bp_wire_ctx {
+  struct bp_conn *c;
+  uint64_t now;                  /* read once per batch, on its first reply */
+};
+
+static void
+bp_wire_done (void *opaque, uint32_t slot, int error)
+{
+  struct bp_wire_ctx *x = opaque;
+  if (!x->now)
+    x->now = bp_now_ns ();
+  bp_complete (x->c, &x->c->slots[slot], error, x->now);
+}
+
+/* The same schedule as bp_conn_loop, on wire.c: every slot the last batch
+ * of replies freed is refilled and sent in one sendmsg(), then one recv()
+ * waits for the next batch.  Requests are stamped with the batch's clock
+ * reading, which is when they were queued. */
+static void
+bp_conn_loop_wire (struct bp_conn *c)
+{
+  struct bp_wire *w = &c->wire;
+  struct bp_wire_ctx x = { .c = c };
+  uint64_t now = bp_now_ns (), off;
+  c->last_any_ns = now;
+  for (;;) {
+    bool stop = bp_stopping (c, now);
+    struct bp_slot *s;
+    while (!stop && c->nfree > 0 && (s = bp_take (c, now, &off))) {
+      bp_wire_queue (w, s->idx, s->op, off, (uint32_t) c->bs, s->rbuf, s->wbuf);
+      if (s->counted && --c->quota == 0)
+        break;
+    }
+    if (bp_wire_flush (w) == -1)
+      break;
+    if (c->inflight == 0) {
+      if (stop)
+        return;
+      continue;                  /* a CHURN pass just drained */
+    }
+    x.now = 0;
+    if (bp_wire_recv (w, bp_wire_done, &x) == -1)
+      break;
+    now = x.now ? x.now : bp_now_ns ();
+    bp_publish (c, now);
+    if (bp_stalled (c, now))
+      return;
+  }
+  snprintf (c->err, sizeof c->err, "%s", w->err);
+  c->failed = true;
+}
+
+/* Hands the negotiated connection to wire.c unless it runs TLS (the
+ * session lives inside libnbd) or --io=libnbd asked for libnbd's loop. */
+static void
+bp_conn_run (struct bp_conn *c)
+{
+  c->use_wire = false;
+  if (c->o->io_libnbd || nbd_get_tls_negotiated (c->h) == 1) {
+    bp_conn_loop (c);
+    return;
+  }
+  int fd = nbd_aio_get_fd (c->h);
+  int sr = nbd_get_structured_replies_negotiated (c->h);
+  if (fd < 0 || sr < 0 || bp_wire_init (&c->wire, fd, sr == 1, c->depth,
+                                                  c->bs >= 65536 && bp_test_reads (c->test)) == -1) {
+    snprintf (c->err, sizeof c->err, "taking over the connection: %s",
+              fd < 0 || sr < 0 ? nbd_get_error () : strerror (errno));
+    c->failed = true;
+    return;
+  }
+  c->use_wire = true;
+  bp_conn_loop_wire (c);
+  /* libnbd may say goodbye only on a stream that is at a reply boundary. */
+  if (!bp_wire_idle (&c->wire))
+    c->failed = true;
+  bp_wire_free (&c->wire);
 }
 
 static void *
@@ -413,7 +546,7 @@ bp_conn_thread (void *arg)
   pthread_barrier_wait (&bp_sync.go);
   if (c->h && !bp_sync.abort) {
     int fd = nbd_aio_get_fd (c->h);
-    bp_conn_loop (c);
+    bp_conn_run (c);
     socklen_t sl = sizeof c->rcvbuf;
     if (fd < 0 || getsockopt (fd, SOL_SOCKET, SO_RCVBUF, &c->rcvbuf, &sl) == -1)
       c->rcvbuf = -1;
@@ -548,6 +681,7 @@ bp_conn_reset (struct bp_conn *c, const struct bp_opts *o, enum bp_test test,
   c->failed = false;
   c->err[0] = '\0';
   c->rcvbuf = c->sndbuf = -1;
+  c->p99_ns = c->p99_at = 0;
 }
 
 /* ---- one iteration ---------------------------------------------------- */
@@ -585,20 +719,56 @@ bp_sync_init (void)
   done = true;
 }
 
+/* The worst connection's p99 so far: each connection publishes its own
+ * (bp_publish); merging histograms across threads live would race. */
+static double
+bp_live_p99_us (void)
+{
+  uint64_t m = 0;
+  for (unsigned i = 0; i < bp_nconns; i++) {
+    uint64_t v = __atomic_load_n (&bp_conns[i].p99_ns, __ATOMIC_RELAXED);
+    if (v > m)
+      m = v;
+  }
+  return (double) m / 1000.0;
+}
+
+/* Records one second of the window for --plot. */
+static void
+bp_record_second (struct bp_result *r, unsigned iter_no, unsigned sec, double mibs,
+                  double iops)
+{
+  if (r->nts == r->tscap) {
+    unsigned cap = r->tscap ? 2 * r->tscap : 64;
+    struct bp_tsample *p = realloc (r->ts, cap * sizeof *p);
+    if (!p)
+      return;                    /* the chart loses a point; the run goes on */
+    r->ts = p;
+    r->tscap = cap;
+  }
+  r->ts[r->nts++] = (struct bp_tsample) { iter_no, sec, mibs, iops };
+}
+
 /* Waits until `until`, or until every connection is done (until == 0, or
- * all of them stopped early), printing a progress line each second once
- * the measurement has run for 3 s. */
+ * all of them stopped early).  On each whole second of the window it
+ * records the second's throughput and, on a terminal, redraws the
+ * progress line in place. */
 static void
 bp_wait (const struct bp_opts *o, const char *label, unsigned iter_no,
-         uint64_t ws, uint64_t until, bool progress)
+         uint64_t ws, uint64_t until, bool progress, struct bp_result *r)
 {
-  uint64_t start = bp_now_ns (), ln = start, lb, lr;
+  uint64_t now = bp_now_ns (), ln = now, lb, lr;
+  uint64_t tick = ws + 1000000000u;
+  while (tick <= now)
+    tick += 1000000000u;
   bp_totals (&lb, &lr);
   for (;;) {
-    uint64_t now = bp_now_ns ();
+    now = bp_now_ns ();
     if (until && now >= until)
       return;
     uint64_t step = now + 200000000u;   /* 0.2 s: notice ^C promptly */
+    if (step > tick)
+      step = tick;
     if (until && step > until)
       step = until;
     struct timespec ts = { .tv_sec = (time_t) (step / 1000000000u),
@@ -612,20 +782,23 @@ bp_wait (const struct bp_opts *o, const char *label, unsigned iter_no,
     if (done || bp_interrupted)
       return;
     now = bp_now_ns ();
-    if (now - ln < 1000000000u)
+    if (now < tick)
       continue;
     uint64_t b, q;
     bp_totals (&b, &q);
-    if (progress && now >= ws && now - start >= 3000000000u) {
-      double dt = (double) (now - ln) / 1e9;
-      fprintf (stderr, "\r\033[K%s%siteration %u/%u  %6.1fs  %10.1f MiB/s  %10.0f IOPS",
-               label ? label : "", label ? ": " : "", iter_no + 1, o->iter_max,
-               (double) (now - ws) / 1e9, (double) (b - lb) / dt / 1048576.0,
-               (double) (q - lr) / dt);
-    }
+    double dt = (double) (now - ln) / 1e9;
+    double mibs = (double) (b - lb) / dt / 1048576.0, iops = (double) (q - lr) / dt;
+    if (r && ln >= ws)
+      bp_record_second (r, iter_no, (unsigned) ((tick - ws) / 1000000000u), mibs, iops);
+    if (progress)
+      fprintf (stderr, "\r\033[K%s%siteration %u/%u  %6.1fs  %10.1f MiB/s  %10.0f IOPS"
+               "  p99 %9.1f us", label ? label : "", label ? ": " : "", iter_no + 1,
+               o->iter_max, (double) (now - ws) / 1e9, mibs, iops, bp_live_p99_us ());
     lb = b;
     lr = q;
     ln = now;
+    while (tick <= now)
+      tick += 1000000000u;
   }
 }
 
@@ -677,14 +850,14 @@ bp_iteration (const struct bp_opts *o, const struct bp_target *t, enum bp_test t
   uint64_t end_ns = 0;
   if (!bp_sync.abort && measure) {
     if (ws > t0)
-      bp_wait (o, label, iter_no, ws, ws, progress);
+      bp_wait (o, label, iter_no, ws, ws, progress, NULL);
     /* Scrape first, then sample local CPU, so the local window is the one
      * closest to the measurement window; the scrape's own cost lands just
      * inside the remote window, which is its honest place. */
     if (want_metrics)
       bp_metrics_fetch (t->metrics_url, &m0, r->remote_err, sizeof r->remote_err);
     bp_cpu_sample (&c0);
-    bp_wait (o, label, iter_no, ws, count_mode ? 0 : we, progress);
+    bp_wait (o, label, iter_no, ws, count_mode ? 0 : we, progress, r);
     bp_cpu_sample (&c1);
     end_ns = c1.mono_ns;
     if (want_metrics)
@@ -754,6 +927,9 @@ bp_iteration (const struct bp_opts *o, const struct bp_target *t, enum bp_test t
   it->lat_p50_us = bp_hist_quantile_us (h, 0.50);
   it->lat_p99_us = bp_hist_quantile_us (h, 0.99);
   it->lat_p999_us = bp_hist_quantile_us (h, 0.999);
+  for (int k = 0; k < BP_NQ; k++)
+    it->lat_q_us[k] = bp_hist_quantile_us (h, bp_plot_q[k]);
+  r->wire = bp_conns[0].use_wire;
   it->rcvbuf = bp_conns[0].rcvbuf;
   it->sndbuf = bp_conns[0].sndbuf;
   bp_hist_merge (&r->hist, h);

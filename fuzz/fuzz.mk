@@ -28,7 +28,10 @@ FUZZ_SAN       = -fsanitize=address,undefined -fno-sanitize-recover=undefined \
                  -fno-omit-frame-pointer
 FUZZ_CFLAGS    = -g -O1 -std=gnu11 -D_GNU_SOURCE -Iinclude -Iserver -pthread $(FUZZ_SAN) \
                  -DBLKD_VERSION='"$(or $(VERSION),fuzz)"' \
-                 -DBLKD_PLUGINDIR='"$(or $(PLUGINDIR),/usr/local/lib/blkd/plugins)"'
+                 -DBLKD_PLUGINDIR='"$(or $(PLUGINDIR),/usr/local/lib/blkd/plugins)"' \
+                 -DBLKD_FILTERDIR='"$(or $(FILTERDIR),/usr/local/lib/blkd/filters)"' \
+                 -DNBDKIT_PLUGINDIR='"$(or $(NBDKIT_PLUGINDIR),$(shell pkg-config --variable=plugindir nbdkit))"' \
+                 -DNBDKIT_FILTERDIR='"$(or $(NBDKIT_FILTERDIR),$(shell pkg-config --variable=filterdir nbdkit))"'
 FUZZ_LIBS      = $(or $(SERVER_LIBS),-levent_core -levent_extra -levent_pthreads \
                    -lssl -lcrypto -ldl -lm)
 FUZZ_SRCS      = $(filter-out server/main.c,$(wildcard server/*.c))

@@ -6,7 +6,7 @@
  * -fsanitize=fuzzer-no-link,address,undefined; the plugin is the in-tree
  * ram plugin, built with the same sanitizers.
  *
- * Start-up mirrors main.c: plugin_load, plugin_after_fork, then
+ * Start-up mirrors main.c: backend_stack_load, backend_stack_after_fork, then
  * shard_start_all with one shard and inline dispatch, so one shard thread
  * runs its libevent loop exactly as in production.  Each input is one
  * client: a socketpair whose server end is handed over with
@@ -102,9 +102,10 @@ LLVMFuzzerInitialize (int *argc, char ***argv)
   cfg.iobuf_mem = FUZZ_POOL;
 
   char *path = plugin_path ();
-  static char size_arg[] = "size=1M";     /* plugin_load splits it in place */
+  static char size_arg[] = "size=1M";     /* split in place by the config */
   char *pargv[] = { size_arg };
-  if (!path || plugin_load (path, 1, pargv) == -1 || plugin_after_fork () == -1) {
+  if (!path || backend_stack_load (path, NULL, 0, 1, pargv) == -1
+      || backend_stack_after_fork () == -1) {
     fprintf (stderr, "fuzz: cannot load the ram plugin from %s (set BLKD_FUZZ_PLUGIN)\n",
              path ? path : "?");
     exit (1);

@@ -1,5 +1,17 @@
-/* The block cache (--cache, seed 004): fixed-size blocks between the
- * protocol and the plugin, one cache shared by every connection and shard.
+/* The block cache (--cache, seed 004): the layer just above the plugin,
+ * fixed-size blocks in front of it, shared only where that is safe.
+ *
+ * Isolation.  A cache instance holds one export's blocks.  Connections
+ * share an instance only if the plugin says they see the same data
+ * (can_multi_conn true for that export); the shared instances are keyed by
+ * export name, so export a's blocks never answer a read of export b.  Any
+ * other connection gets a private instance, freed when it closes (tmpdisk
+ * and ondemand give each connection its own disk).  All instances draw
+ * their slabs from one budget of --cache bytes: once it is spent, an
+ * instance evicts its own blocks, and one with none to evict reads
+ * straight from the plugin until memory comes back.  Limit: a private
+ * instance keeps its blocks until its connection closes, so an idle
+ * connection can hold budget that a busy one would use better.
  *
  * Locking.  The cache is split into stripes (64, fewer only for a cache of
  * under 64 blocks), each with its own mutex, hash table, CLOCK ring, dirty
@@ -23,10 +35,11 @@
  *
  * Writeback keeps written blocks dirty until a FLUSH, a FUA write, the
  * eviction of the block or shutdown writes them, through a plugin handle
- * the cache opens for itself: a block dirtied by a connection that has
+ * the instance opens for itself: a block dirtied by a connection that has
  * gone away is still written.  That handle sees the writes of every
  * connection only if the plugin is multi-conn safe, so writeback is
- * refused for plugins that are not.
+ * refused at start-up for plugins whose default export is not, and an
+ * export that is not gets no cache in writeback mode.
  *
  * Entries come from slabs of N entries plus their data blocks.  With
  * --cache-ctor=no (the default until measured otherwise) an entry is
@@ -42,6 +55,7 @@
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
+#include "backend.h"
 #include "cache.h"
 
 #define CACHE_STRIPES   64
@@ -98,13 +112,26 @@ struct blk_cache {
   unsigned nstripes, sbits, slab_n;
   uint64_t nblocks;
   bool writeback, ctor;
-  char *export_name;
-  struct plugin_conn pc;                /* the cache's own handle (writeback) */
+  bool shared;                          /* keyed by export; else one connection's */
+  char *key;                            /* the export name */
+  unsigned users;                       /* contexts using it: registry lock */
+  struct blk_cache *inext;              /* registry list */
+  /* Writeback: the instance's own handle, the connection context its
+   * plugin calls run under, and its lock for SERIALIZE_REQUESTS plugins
+   * (requests of several connections may write out through it at once). */
+  struct context *own;
+  struct public_conn_ctx own_ctx;
+  pthread_mutex_t own_lock;
   int64_t size;                         /* of the export, from that handle */
   struct stripe *stripes;
 };
 
-struct blk_cache *blk_cache;
+/* Every instance, for the totals and shutdown; the lock also guards
+ * `users` and the lookup of shared instances. */
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct blk_cache *registry;
+/* Slab bytes of all instances together, bounded by --cache. */
+static _Atomic uint64_t budget_used;
 
 #define CSTAT_ADD(f, v) __atomic_store_n (&(f), (f) + (v), __ATOMIC_RELAXED)
 
@@ -135,13 +162,6 @@ blk_len (int64_t size, uint64_t boff, uint32_t bs)
 {
   uint64_t left = (uint64_t) size - boff;
   return left < bs ? (uint32_t) left : bs;
-}
-
-static inline bool
-serves (struct blk_cache *C, const struct plugin_conn *pc)
-{
-  const char *name = pc->ctx.export_name;
-  return name && strcmp (name, C->export_name) == 0 && pc->caps.block_min <= C->bs;
 }
 
 /* ---- slabs and entries (stripe lock held) --------------------------- */
@@ -194,10 +214,18 @@ static struct cslab *
 slab_new (struct blk_cache *C, struct stripe *s)
 {
   unsigned n = C->slab_n;
-  struct cslab *sl = malloc (sizeof *sl + n * sizeof (struct centry));
-  if (!sl)
+  uint64_t bytes = (uint64_t) n * C->bs;
+  if (atomic_fetch_add (&budget_used, bytes) + bytes > cfg.cache_size) {
+    atomic_fetch_sub (&budget_used, bytes);   /* the budget is spent */
     return NULL;
+  }
+  struct cslab *sl = malloc (sizeof *sl + n * sizeof (struct centry));
+  if (!sl) {
+    atomic_fetch_sub (&budget_used, bytes);
+    return NULL;
+  }
   if (posix_memalign (&sl->data, 4096, (size_t) n * C->bs) != 0) {
+    atomic_fetch_sub (&budget_used, bytes);
     free (sl);
     return NULL;
   }
@@ -225,6 +253,7 @@ slab_destroy (struct blk_cache *C, struct stripe *s, struct cslab *sl)
       pthread_mutex_destroy (&sl->e[i].io);
   s->nempty--;
   CSTAT_ADD (s->slab_bytes, -(uint64_t) sl->n * C->bs);
+  atomic_fetch_sub (&budget_used, (uint64_t) sl->n * C->bs);
   free (sl->data);
   free (sl);
 }
@@ -401,6 +430,43 @@ unpin_unlocked (struct blk_cache *C, struct centry *e)
   pthread_mutex_unlock (&s->lock);
 }
 
+/* ---- calls on the layer below -------------------------------------- */
+
+/* The request path of the layer below, as errno results. */
+static int
+below_pread (struct context *n, void *buf, uint32_t count, uint64_t offset)
+{
+  int err = 0;
+  return backend_pread (n, buf, count, offset, 0, &err) == -1 ? err : 0;
+}
+
+static int
+below_pwrite (struct context *n, const void *buf, uint32_t count, uint64_t offset,
+              bool fua)
+{
+  int err = 0;
+  return backend_pwrite (n, buf, count, offset, fua ? NBDKIT_FLAG_FUA : 0, &err) == -1
+         ? err : 0;
+}
+
+/* The instance's own handle runs outside any connection's lock: the
+ * plugin still gets one call at a time if its thread model asks. */
+static int
+own_pwrite (struct blk_cache *C, const void *buf, uint32_t count, uint64_t offset,
+            bool fua)
+{
+  bool lock = backend_thread_model () == NBDKIT_THREAD_MODEL_SERIALIZE_REQUESTS;
+  struct public_conn_ctx *saved = public_current;
+  if (lock)
+    pthread_mutex_lock (&C->own_lock);
+  public_current = &C->own_ctx;
+  int err = below_pwrite (C->own, buf, count, offset, fua);
+  public_current = saved;
+  if (lock)
+    pthread_mutex_unlock (&C->own_lock);
+  return err;
+}
+
 /* ---- write-out ------------------------------------------------------ */
 
 /* Write a dirty block through the cache's own handle.  The caller holds
@@ -412,7 +478,7 @@ write_out (struct blk_cache *C, struct centry *e, bool fua)
     return 0;
   uint64_t boff = e->blk << C->shift;
   uint32_t len = blk_len (C->size, boff, C->bs);
-  int err = plugin_pwrite (&C->pc, e->data, len, boff, fua);
+  int err = own_pwrite (C, e->data, len, boff, fua);
   if (err) {
     log_error ("cache: writing back block at %llu failed: %s",
                (unsigned long long) boff, strerror (err));
@@ -527,20 +593,20 @@ get_entry (struct blk_cache *C, uint64_t blk, int mode, int *err)
 
 /* Copy len bytes at inoff of block blk to dst (NULL: just load it). */
 static int
-read_block (struct blk_cache *C, struct plugin_conn *pc, uint64_t blk,
+read_block (struct blk_cache *C, struct context *n, uint64_t blk,
             void *dst, uint32_t inoff, uint32_t len)
 {
   uint64_t boff = blk << C->shift;
   int err;
   struct centry *e = get_entry (C, blk, GET_WAIT, &err);
   if (!e)                             /* not cached and no room: the plugin has it */
-    return dst ? plugin_pread (pc, dst, len, boff + inoff) : 0;
+    return dst ? below_pread (n, dst, len, boff + inoff) : 0;
 
   pthread_mutex_lock (&e->io);
   bool hit = e->valid;
   err = 0;
   if (!hit) {
-    err = plugin_pread (pc, e->data, blk_len (pc->caps.size, boff, C->bs), boff);
+    err = below_pread (n, e->data, blk_len (C->size, boff, C->bs), boff);
     if (!err) {
       struct stripe *s = stripe_of (C, blk);
       pthread_mutex_lock (&s->lock);
@@ -580,14 +646,12 @@ seg_len (const struct blk_cache *C, int64_t size, uint64_t pos, uint64_t end)
                       seg = seg_len ((C), (size), pos, end_), 1);       \
        pos += seg)
 
-int
-cache_do_pread (struct plugin_conn *pc, void *buf, uint32_t count, uint64_t offset)
+static int
+cache_do_pread (struct blk_cache *C, struct context *n, void *buf, uint32_t count,
+                uint64_t offset)
 {
-  struct blk_cache *C = blk_cache;
-  if (!serves (C, pc))
-    return plugin_pread (pc, buf, count, offset);
-  FOR_BLOCKS (C, pc->caps.size, offset, count, blk, pos, seg) {
-    int err = read_block (C, pc, blk, (char *) buf + (pos - offset),
+  FOR_BLOCKS (C, C->size, offset, count, blk, pos, seg) {
+    int err = read_block (C, n, blk, (char *) buf + (pos - offset),
                           pos - (blk << C->shift), seg);
     if (err)
       return err;
@@ -595,14 +659,11 @@ cache_do_pread (struct plugin_conn *pc, void *buf, uint32_t count, uint64_t offs
   return 0;
 }
 
-int
-cache_do_prefetch (struct plugin_conn *pc, uint32_t count, uint64_t offset)
+static int
+cache_do_prefetch (struct blk_cache *C, struct context *n, uint32_t count, uint64_t offset)
 {
-  struct blk_cache *C = blk_cache;
-  if (!serves (C, pc))
-    return plugin_cache (pc, count, offset);
-  FOR_BLOCKS (C, pc->caps.size, offset, count, blk, pos, seg) {
-    int err = read_block (C, pc, blk, NULL, 0, 0);
+  FOR_BLOCKS (C, C->size, offset, count, blk, pos, seg) {
+    int err = read_block (C, n, blk, NULL, 0, 0);
     if (err)
       return err;
   }
@@ -727,10 +788,10 @@ struct wt_seg {
 };
 
 static int
-write_through (struct blk_cache *C, struct plugin_conn *pc, const void *buf,
+write_through (struct blk_cache *C, struct context *below, const void *buf,
                uint32_t count, uint64_t offset, bool fua)
 {
-  int64_t size = pc->caps.size;
+  int64_t size = C->size;
   uint64_t end = offset + count, pos = offset;
 
   while (pos < end) {
@@ -756,8 +817,8 @@ write_through (struct blk_cache *C, struct plugin_conn *pc, const void *buf,
       pos = seg_end;
     }
 
-    int err = plugin_pwrite (pc, (const char *) buf + (start - offset), pos - start,
-                             start, fua);
+    int err = below_pwrite (below, (const char *) buf + (start - offset), pos - start,
+                            start, fua);
 
     for (unsigned i = 0; i < n; i++) {
       struct wt_seg *g = &b[i];
@@ -790,7 +851,7 @@ write_through (struct blk_cache *C, struct plugin_conn *pc, const void *buf,
 }
 
 static int
-write_back (struct blk_cache *C, struct plugin_conn *pc, const void *buf,
+write_back (struct blk_cache *C, struct context *n, const void *buf,
             uint32_t count, uint64_t offset, bool fua)
 {
   FOR_BLOCKS (C, C->size, offset, count, blk, pos, seg) {
@@ -805,7 +866,7 @@ write_back (struct blk_cache *C, struct plugin_conn *pc, const void *buf,
         return err ? err : ENOMEM;
       pthread_mutex_lock (&e->io);
       if (!e->valid && !full) {       /* read-modify-write */
-        err = plugin_pread (pc, e->data, blen, boff);
+        err = below_pread (n, e->data, blen, boff);
         if (err) {
           pthread_mutex_unlock (&e->io);
           unpin_unlocked (C, e);
@@ -838,17 +899,12 @@ write_back (struct blk_cache *C, struct plugin_conn *pc, const void *buf,
   return 0;
 }
 
-int
-cache_do_pwrite (struct plugin_conn *pc, const void *buf, uint32_t count,
+static int
+cache_do_pwrite (struct blk_cache *C, struct context *n, const void *buf, uint32_t count,
                  uint64_t offset, bool fua)
 {
-  struct blk_cache *C = blk_cache;
-  if (!serves (C, pc))
-    return plugin_pwrite (pc, buf, count, offset, fua);
-  if (!pc->caps.can_write)
-    return EROFS;
-  return C->writeback ? write_back (C, pc, buf, count, offset, fua)
-                      : write_through (C, pc, buf, count, offset, fua);
+  return C->writeback ? write_back (C, n, buf, count, offset, fua)
+                      : write_through (C, n, buf, count, offset, fua);
 }
 
 /* ---- flush, trim, zero, extents ------------------------------------- */
@@ -877,87 +933,29 @@ write_back_all (struct blk_cache *C)
   return err;
 }
 
-int
-cache_do_flush (struct plugin_conn *pc)
-{
-  struct blk_cache *C = blk_cache;
-  if (C->writeback && serves (C, pc)) {
-    int err = write_back_all (C);
-    if (err)
-      return err;
-  }
-  /* Multi-conn: a flush through any handle covers the cache's writes. */
-  return plugin_flush (pc);
-}
 
-int
-cache_do_trim (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua)
-{
-  struct blk_cache *C = blk_cache;
-  if (!serves (C, pc))
-    return plugin_trim (pc, count, offset, fua);
-  int err = 0;
-  if (C->writeback)
-    err = range_op (C, offset, count, RANGE_WRITEBACK);
-  if (!err)
-    err = plugin_trim (pc, count, offset, fua);
-  range_op (C, offset, count, C->writeback && !err ? RANGE_ZERO_DIRTY : RANGE_INVALIDATE);
-  return err;
-}
+/* ---- instances ------------------------------------------------------- */
 
-int
-cache_do_zero (struct plugin_conn *pc, uint32_t count, uint64_t offset,
-               bool may_trim, bool fua, bool fast)
-{
-  struct blk_cache *C = blk_cache;
-  if (!serves (C, pc))
-    return plugin_zero (pc, count, offset, may_trim, fua, fast);
-  int err = 0;
-  if (C->writeback)
-    err = range_op (C, offset, count, RANGE_WRITEBACK);
-  if (!err)
-    err = plugin_zero (pc, count, offset, may_trim, fua, fast);
-  range_op (C, offset, count, C->writeback && !err ? RANGE_ZERO_DIRTY : RANGE_INVALIDATE);
-  return err;
-}
+static void instance_free (struct blk_cache *C);
 
-/* The plugin answers for allocation; with writeback it must first see
- * the dirty blocks, or it would call them holes. */
-int
-cache_do_extents (struct plugin_conn *pc, uint32_t count, uint64_t offset,
-                  bool req_one, struct nbdkit_extents *e)
+/* A new, empty instance for the export `key` of `size` bytes; NULL after
+ * logging why (out of memory, or writeback's own handle would not open). */
+static struct blk_cache *
+instance_new (struct backend *below, const char *key, int64_t size, bool shared)
 {
-  struct blk_cache *C = blk_cache;
-  if (C->writeback && serves (C, pc)) {
-    int err = range_op (C, offset, count, RANGE_WRITEBACK);
-    if (err)
-      return err;
-  }
-  return plugin_extents (pc, count, offset, req_one, e);
-}
-
-/* ---- set-up, totals, shutdown --------------------------------------- */
-
-int
-cache_setup (void)
-{
-  if (!cfg.cache_size)
-    return 0;
   uint32_t bs = cfg.cache_block;
-  if (cfg.cache_size < bs) {
-    fprintf (stderr, "blkd: --cache %llu is smaller than one --cache-block (%u)\n",
-             (unsigned long long) cfg.cache_size, bs);
-    return -1;
-  }
   struct blk_cache *C = calloc (1, sizeof *C);
   if (!C)
     goto oom;
+  pthread_mutex_init (&C->own_lock, NULL);
+  C->own_ctx.peer_fd = -1;
   C->bs = bs;
   C->shift = __builtin_ctz (bs);
   C->nblocks = cfg.cache_size / bs;
   C->writeback = cfg.cache_mode == CACHE_WRITEBACK;
   C->ctor = cfg.cache_ctor;
-  C->size = -1;
+  C->shared = shared;
+  C->size = size;
   C->nstripes = CACHE_STRIPES;
   while (C->nstripes > C->nblocks)
     C->nstripes /= 2;                 /* a tiny cache: at least a block a stripe */
@@ -966,34 +964,24 @@ cache_setup (void)
   C->slab_n = SLAB_BYTES / bs ? SLAB_BYTES / bs : 1;
   if (C->slab_n > cap)
     C->slab_n = cap;
-
-  /* The export the cache holds: the one "" resolves to. */
-  plugin_conn_init (&C->pc, -1);
-  public_current = &C->pc.ctx;
-  const char *d = plugin_default_export (cfg.readonly, false);
-  public_current = NULL;
-  C->export_name = strdup (d ? d : "");
-  if (!C->export_name)
+  if (!(C->key = strdup (key)))
     goto oom;
 
   if (C->writeback) {
-    if (plugin_open (&C->pc, C->export_name, cfg.readonly) == -1) {
-      fprintf (stderr, "blkd: cache: cannot open export \"%s\" for write-back\n",
-               C->export_name);
+    /* Its own handle, outside any connection: dirty blocks outlive the
+     * connection that wrote them. */
+    struct public_conn_ctx *saved = public_current;
+    C->own_ctx.export_name = C->key;
+    public_current = &C->own_ctx;
+    C->own = backend_open (below, cfg.readonly, C->key, 1);
+    int r = C->own ? backend_prepare (C->own) : -1;
+    if (r == 0 && backend_get_size (C->own) != size)
+      r = -1;
+    public_current = saved;
+    if (r == -1) {
+      log_error ("cache: cannot open export \"%s\" for write-back", key);
       goto fail;
     }
-    if (!C->pc.caps.can_multi_conn) {
-      fprintf (stderr, "blkd: --cache-mode=writeback needs a plugin that is safe with "
-               "several connections (can_multi_conn); %s is not: its handles may not "
-               "see each other's writes.  Use --cache-mode=writethrough.\n", plugin_name ());
-      goto fail;
-    }
-    if (C->pc.caps.block_min > bs) {
-      fprintf (stderr, "blkd: --cache-block %u is below the plugin's minimum block "
-               "size %u\n", bs, C->pc.caps.block_min);
-      goto fail;
-    }
-    C->size = C->pc.caps.size;
   }
 
   if (posix_memalign ((void **) &C->stripes, 64, C->nstripes * sizeof *C->stripes) != 0) {
@@ -1014,65 +1002,52 @@ cache_setup (void)
     if (!s->hash)
       goto oom;
   }
-  blk_cache = C;
-  log_debug ("cache: %s, %u stripes of %u blocks of %u bytes, slabs of %u, ctor %s",
-             C->writeback ? "writeback" : "writethrough", C->nstripes, cap, bs,
+  log_debug ("cache: %s %s instance for export \"%s\": %u stripes of %u blocks of %u "
+             "bytes, slabs of %u, ctor %s", shared ? "shared" : "private",
+             C->writeback ? "writeback" : "writethrough", key, C->nstripes, cap, bs,
              C->slab_n, C->ctor ? "yes" : "no");
-  return 0;
+  return C;
 
 oom:
-  fprintf (stderr, "blkd: cache: out of memory\n");
+  log_error ("cache: out of memory for an instance");
 fail:
-  if (C) {
-    blk_cache = C;
-    cache_stop ();
-  }
-  return -1;
+  if (C)
+    instance_free (C);
+  return NULL;
 }
 
-void
-cache_totals (struct cache_totals *t)
+/* Write back what is dirty, close the own handle, free everything. */
+static void
+instance_free (struct blk_cache *C)
 {
-  struct blk_cache *C = blk_cache;
-  memset (t, 0, sizeof *t);
-  if (!C)
-    return;
-  t->stripes = C->nstripes;
-  t->block = C->bs;
-  for (unsigned i = 0; i < C->nstripes; i++) {
-    struct stripe *s = &C->stripes[i];
-    t->hits += __atomic_load_n (&s->hits, __ATOMIC_RELAXED);
-    t->misses += __atomic_load_n (&s->misses, __ATOMIC_RELAXED);
-    t->evictions += __atomic_load_n (&s->evictions, __ATOMIC_RELAXED);
-    t->writebacks += __atomic_load_n (&s->writebacks, __ATOMIC_RELAXED);
-    t->dirty_bytes += __atomic_load_n (&s->dirty_bytes, __ATOMIC_RELAXED);
-    t->bytes += __atomic_load_n (&s->slab_bytes, __ATOMIC_RELAXED);
-    t->entries += __atomic_load_n (&s->used, __ATOMIC_RELAXED);
-    t->capacity_bytes += (uint64_t) s->cap * C->bs;
-  }
-}
-
-void
-cache_stop (void)
-{
-  struct blk_cache *C = blk_cache;
-  if (!C)
-    return;
-  if (C->writeback && C->pc.handle && C->stripes) {
-    struct cache_totals t;
-    cache_totals (&t);
+  if (C->writeback && C->own && C->stripes) {
+    struct cache_totals t = { 0 };
+    for (unsigned i = 0; i < C->nstripes; i++)
+      t.dirty_bytes += C->stripes[i].dirty_bytes;
     int err = write_back_all (C);
-    if (!err && C->pc.caps.can_flush)
-      err = plugin_flush (&C->pc);
+    if (!err && backend_can_flush (C->own) == 1) {
+      int ferr = 0;
+      struct public_conn_ctx *saved = public_current;
+      public_current = &C->own_ctx;
+      if (backend_flush (C->own, 0, &ferr) == -1)
+        err = ferr;
+      public_current = saved;
+    }
     if (err)
-      log_error ("cache: dirty blocks could not all be written at shutdown: %s",
-                 strerror (err));
+      log_error ("cache: dirty blocks of export \"%s\" could not all be written: %s",
+                 C->key, strerror (err));
     else if (t.dirty_bytes)
-      log_info ("cache: wrote %llu dirty bytes back at shutdown",
-                (unsigned long long) t.dirty_bytes);
+      log_info ("cache: export \"%s\": wrote %llu dirty bytes back at shutdown",
+                C->key, (unsigned long long) t.dirty_bytes);
   }
-  plugin_conn_fini (&C->pc);
-  blk_cache = NULL;
+  if (C->own) {
+    struct public_conn_ctx *saved = public_current;
+    public_current = &C->own_ctx;
+    backend_finalize (C->own);
+    backend_close (C->own);
+    public_current = saved;
+  }
+  public_conn_ctx_release (&C->own_ctx);
   if (C->stripes) {
     for (unsigned i = 0; i < C->nstripes; i++) {
       struct stripe *s = &C->stripes[i];
@@ -1091,6 +1066,462 @@ cache_stop (void)
     }
     free (C->stripes);
   }
-  free (C->export_name);
+  pthread_mutex_destroy (&C->own_lock);
+  free (C->key);
   free (C);
+}
+
+/* Whether connections to n's export see the same data: the plugin says
+ * multi-conn, and may have several handles open at once (the shared
+ * instance's own handle is one more, and nbdkit advertises no multi-conn
+ * for SERIALIZE_CONNECTIONS either).  -1 on error. */
+static int
+shareable (struct context *n)
+{
+  int mc = backend_can_multi_conn (n);
+  if (mc == 1 && backend_thread_model () == NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS)
+    mc = 0;
+  return mc;
+}
+
+/* The instance a newly prepared context uses, or NULL for none (the
+ * layer then passes every call through). */
+static struct blk_cache *
+instance_get (struct backend *below, struct context *n, const char *key)
+{
+  uint32_t min, pref, max;
+  int64_t size = backend_get_size (n);
+  int mc = shareable (n);
+  if (size < 0 || mc < 0 || backend_block_size (n, &min, &pref, &max) == -1)
+    return NULL;
+  if (min > cfg.cache_block) {
+    log_debug ("cache: export \"%s\" needs blocks of %u: not cached", key, min);
+    return NULL;
+  }
+  if (!mc && cfg.cache_mode == CACHE_WRITEBACK) {
+    log_warn ("cache: export \"%s\" is not multi-conn safe: no writeback cache for it", key);
+    return NULL;
+  }
+
+  pthread_mutex_lock (&registry_lock);
+  struct blk_cache *C = NULL;
+  if (mc)
+    for (C = registry; C; C = C->inext)
+      if (C->shared && strcmp (C->key, key) == 0)
+        break;
+  if (C && C->size != size) {
+    log_warn ("cache: export \"%s\" changed size: this connection is not cached", key);
+    C = NULL;
+  }
+  else if (!C) {
+    C = instance_new (below, key, size, mc);
+    if (C) {
+      C->inext = registry;
+      registry = C;
+    }
+  }
+  if (C)
+    C->users++;
+  pthread_mutex_unlock (&registry_lock);
+  return C;
+}
+
+/* A private instance goes with its last user; shared ones stay for the
+ * next connection and go at cleanup. */
+static void
+instance_put (struct blk_cache *C)
+{
+  pthread_mutex_lock (&registry_lock);
+  bool drop = --C->users == 0 && !C->shared;
+  if (drop)
+    for (struct blk_cache **pp = &registry; *pp; pp = &(*pp)->inext)
+      if (*pp == C) {
+        *pp = C->inext;
+        break;
+      }
+  pthread_mutex_unlock (&registry_lock);
+  if (drop)
+    instance_free (C);
+}
+
+void
+cache_totals (struct cache_totals *t)
+{
+  memset (t, 0, sizeof *t);
+  pthread_mutex_lock (&registry_lock);
+  for (struct blk_cache *C = registry; C; C = C->inext) {
+    t->stripes += C->nstripes;
+    t->block = C->bs;
+    for (unsigned i = 0; i < C->nstripes; i++) {
+      struct stripe *s = &C->stripes[i];
+      t->hits += __atomic_load_n (&s->hits, __ATOMIC_RELAXED);
+      t->misses += __atomic_load_n (&s->misses, __ATOMIC_RELAXED);
+      t->evictions += __atomic_load_n (&s->evictions, __ATOMIC_RELAXED);
+      t->writebacks += __atomic_load_n (&s->writebacks, __ATOMIC_RELAXED);
+      t->dirty_bytes += __atomic_load_n (&s->dirty_bytes, __ATOMIC_RELAXED);
+      t->bytes += __atomic_load_n (&s->slab_bytes, __ATOMIC_RELAXED);
+      t->entries += __atomic_load_n (&s->used, __ATOMIC_RELAXED);
+    }
+    t->instances++;
+  }
+  pthread_mutex_unlock (&registry_lock);
+  t->capacity_bytes = cfg.cache_size;
+  if (!t->block)
+    t->block = cfg.cache_block;
+}
+
+/* ---- the layer -------------------------------------------------------- */
+
+/* The context's handle: its instance (NULL: pass everything through). */
+struct cache_handle {
+  struct blk_cache *C;
+  char *key;
+};
+
+#define H(c) ((struct cache_handle *) (c)->handle)
+
+static int
+cache_thread_model (struct backend *b)
+{
+  return b->next->thread_model (b->next);   /* the cache is parallel-safe */
+}
+
+static const char *
+cache_magic_config_key (struct backend *b)
+{
+  return b->next->magic_config_key (b->next);
+}
+
+static int
+cache_config (struct backend *b, const char *key, const char *value)
+{
+  return backend_config (b->next, key, value);
+}
+
+static int
+cache_config_complete (struct backend *b)
+{
+  return backend_config_complete (b->next);
+}
+
+static int
+cache_get_ready (struct backend *b)
+{
+  return b->next->get_ready (b->next);
+}
+
+/* Writeback needs a multi-conn plugin: ask its default export now, so a
+ * wrong set-up is a start-up error rather than an uncached server. */
+static int
+cache_after_fork (struct backend *b)
+{
+  if (b->next->after_fork (b->next) == -1)
+    return -1;
+  if (cfg.cache_mode != CACHE_WRITEBACK)
+    return 0;
+  struct public_conn_ctx probe = { .peer_fd = -1 };
+  public_current = &probe;
+  const char *d = backend_default_export (b->next, cfg.readonly);
+  probe.export_name = d ? d : "";
+  struct context *n = backend_open (b->next, cfg.readonly, probe.export_name, 1);
+  int r = n ? backend_prepare (n) : -1;
+  int mc = r == 0 ? shareable (n) : -1;
+  uint32_t min = 0, pref, max;
+  if (r == 0 && backend_block_size (n, &min, &pref, &max) == -1)
+    r = -1;
+  if (n) {
+    backend_finalize (n);
+    backend_close (n);
+  }
+  public_current = NULL;
+  public_conn_ctx_release (&probe);
+  if (r == -1 || mc == -1) {
+    fprintf (stderr, "blkd: cache: cannot open export \"%s\" for write-back\n",
+             probe.export_name);
+    return -1;
+  }
+  if (!mc) {
+    fprintf (stderr, "blkd: --cache-mode=writeback needs a plugin that is safe with "
+             "several connections (can_multi_conn); %s is not: its handles may not "
+             "see each other's writes.  Use --cache-mode=writethrough.\n", plugin_name ());
+    return -1;
+  }
+  if (min > cfg.cache_block) {
+    fprintf (stderr, "blkd: --cache-block %u is below the plugin's minimum block "
+             "size %u\n", cfg.cache_block, min);
+    return -1;
+  }
+  return 0;
+}
+
+/* Shutdown: every shared instance writes back and goes. */
+static void
+cache_cleanup (struct backend *b)
+{
+  pthread_mutex_lock (&registry_lock);
+  struct blk_cache *list = registry;
+  registry = NULL;
+  pthread_mutex_unlock (&registry_lock);
+  while (list) {
+    struct blk_cache *C = list;
+    list = C->inext;
+    instance_free (C);
+  }
+  b->next->cleanup (b->next);
+}
+
+static void
+cache_unload (struct backend *b)
+{
+  free (b);
+}
+
+static void
+cache_dump (struct backend *b)
+{
+}
+
+static int
+cache_preconnect (struct backend *b, int readonly)
+{
+  return backend_preconnect (b->next, readonly);
+}
+
+static int
+cache_list_exports (struct backend *b, int readonly, int is_tls, struct nbdkit_exports *e)
+{
+  return b->next->list_exports (b->next, readonly, is_tls, e);
+}
+
+static const char *
+cache_default_export (struct backend *b, int readonly, int is_tls)
+{
+  return b->next->default_export (b->next, readonly, is_tls);
+}
+
+static void *
+cache_open (struct context *c, int readonly, const char *exportname, int is_tls)
+{
+  struct cache_handle *h = calloc (1, sizeof *h);
+  if (!h || !(h->key = strdup (exportname))) {
+    free (h);
+    nbdkit_error ("cache: out of memory");
+    return NULL;
+  }
+  struct context *n = backend_open (c->b->next, readonly, exportname, c->conn == NULL);
+  if (!n) {
+    free (h->key);
+    free (h);
+    return NULL;
+  }
+  c->c_next = n;
+  return h;
+}
+
+/* The layer below is prepared: now its answers say which instance. */
+static int
+cache_prepare (struct context *c, int readonly)
+{
+  H (c)->C = instance_get (c->b->next, c->c_next, H (c)->key);
+  return 0;
+}
+
+static int
+cache_finalize (struct context *c)
+{
+  return 0;
+}
+
+static void
+cache_close (struct context *c)
+{
+  struct cache_handle *h = H (c);
+  if (h->C)
+    instance_put (h->C);
+  free (h->key);
+  free (h);
+}
+
+/* What the cache does not change: the layer below answers. */
+#define BELOW(ret, op) \
+  static ret cache_##op (struct context *c) { return backend_##op (c->c_next); }
+BELOW (const char *, export_description)
+BELOW (int64_t, get_size)
+BELOW (int, can_write)
+BELOW (int, can_flush)
+BELOW (int, is_rotational)
+BELOW (int, can_trim)
+BELOW (int, can_zero)
+BELOW (int, can_fast_zero)
+BELOW (int, can_extents)
+BELOW (int, can_fua)
+BELOW (int, can_multi_conn)
+BELOW (int, can_cache)
+#undef BELOW
+
+static int
+cache_block_size (struct context *c, uint32_t *min, uint32_t *pref, uint32_t *max)
+{
+  return backend_block_size (c->c_next, min, pref, max);
+}
+
+static inline int
+result (int err, int *errp)
+{
+  if (!err)
+    return 0;
+  *errp = err;
+  return -1;
+}
+
+static int
+cache_pread (struct context *c, void *buf, uint32_t count, uint64_t offset,
+             uint32_t flags, int *err)
+{
+  struct blk_cache *C = H (c)->C;
+  if (!C)
+    return backend_pread (c->c_next, buf, count, offset, flags, err);
+  return result (cache_do_pread (C, c->c_next, buf, count, offset), err);
+}
+
+static int
+cache_pwrite (struct context *c, const void *buf, uint32_t count, uint64_t offset,
+              uint32_t flags, int *err)
+{
+  struct blk_cache *C = H (c)->C;
+  if (!C)
+    return backend_pwrite (c->c_next, buf, count, offset, flags, err);
+  return result (cache_do_pwrite (C, c->c_next, buf, count, offset,
+                                  flags & NBDKIT_FLAG_FUA), err);
+}
+
+static int
+cache_flush (struct context *c, uint32_t flags, int *err)
+{
+  struct blk_cache *C = H (c)->C;
+  if (C && C->writeback) {
+    int e = write_back_all (C);
+    if (e)
+      return result (e, err);
+  }
+  /* Multi-conn: a flush through any handle covers the own handle's writes. */
+  return backend_flush (c->c_next, flags, err);
+}
+
+/* Trim and zero reach the plugin, then drop (or, for writeback, zero) the
+ * cached copies of their range. */
+static int
+cache_trim_or_zero (struct context *c, bool zero, uint32_t count, uint64_t offset,
+                    uint32_t flags, int *err)
+{
+  struct blk_cache *C = H (c)->C;
+  int r, e = 0;
+  if (C && C->writeback)
+    e = range_op (C, offset, count, RANGE_WRITEBACK);
+  if (e)
+    return result (e, err);
+  r = zero ? backend_zero (c->c_next, count, offset, flags, err)
+           : backend_trim (c->c_next, count, offset, flags, err);
+  if (C)
+    range_op (C, offset, count, C->writeback && r == 0 ? RANGE_ZERO_DIRTY : RANGE_INVALIDATE);
+  return r;
+}
+
+static int
+cache_trim (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  return cache_trim_or_zero (c, false, count, offset, flags, err);
+}
+
+static int
+cache_zero (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  return cache_trim_or_zero (c, true, count, offset, flags, err);
+}
+
+/* The plugin answers for allocation; with writeback it must first see
+ * the dirty blocks, or it would call them holes. */
+static int
+cache_extents (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+               struct nbdkit_extents *e, int *err)
+{
+  struct blk_cache *C = H (c)->C;
+  if (C && C->writeback) {
+    int x = range_op (C, offset, count, RANGE_WRITEBACK);
+    if (x)
+      return result (x, err);
+  }
+  return backend_extents (c->c_next, count, offset, flags, e, err);
+}
+
+/* NBD_CMD_CACHE: with an instance, load the blocks into it. */
+static int
+cache_cache (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  struct blk_cache *C = H (c)->C;
+  if (!C)
+    return backend_cache (c->c_next, count, offset, flags, err);
+  return result (cache_do_prefetch (C, c->c_next, count, offset), err);
+}
+
+static const struct backend cache_ops = {
+  .type = "cache",
+  .thread_model = cache_thread_model,
+  .magic_config_key = cache_magic_config_key,
+  .config = cache_config,
+  .config_complete = cache_config_complete,
+  .get_ready = cache_get_ready,
+  .after_fork = cache_after_fork,
+  .cleanup = cache_cleanup,
+  .unload = cache_unload,
+  .dump = cache_dump,
+  .preconnect = cache_preconnect,
+  .list_exports = cache_list_exports,
+  .default_export = cache_default_export,
+  .open = cache_open,
+  .prepare = cache_prepare,
+  .finalize = cache_finalize,
+  .close = cache_close,
+  .export_description = cache_export_description,
+  .get_size = cache_get_size,
+  .block_size = cache_block_size,
+  .can_write = cache_can_write,
+  .can_flush = cache_can_flush,
+  .is_rotational = cache_is_rotational,
+  .can_trim = cache_can_trim,
+  .can_zero = cache_can_zero,
+  .can_fast_zero = cache_can_fast_zero,
+  .can_extents = cache_can_extents,
+  .can_fua = cache_can_fua,
+  .can_multi_conn = cache_can_multi_conn,
+  .can_cache = cache_can_cache,
+  .pread = cache_pread,
+  .pwrite = cache_pwrite,
+  .flush = cache_flush,
+  .trim = cache_trim,
+  .zero = cache_zero,
+  .extents = cache_extents,
+  .cache = cache_cache,
+};
+
+struct backend *
+cache_layer_new (struct backend *next)
+{
+  if (cfg.cache_size < cfg.cache_block) {
+    fprintf (stderr, "blkd: --cache %llu is smaller than one --cache-block (%u)\n",
+             (unsigned long long) cfg.cache_size, cfg.cache_block);
+    return NULL;
+  }
+  struct backend *b = malloc (sizeof *b);
+  if (!b) {
+    fprintf (stderr, "blkd: cache: out of memory\n");
+    return NULL;
+  }
+  *b = cache_ops;
+  b->next = next;
+  b->i = next->i + 1;
+  b->name = (char *) "cache";
+  b->filename = NULL;
+  b->inline_safe = next->inline_safe;   /* it only adds memory copies */
+  return b;
 }

@@ -79,7 +79,7 @@ conn_new (struct shard *s, int fd, const char *peer)
   c->ev_stall = evtimer_new (s->base, conn_on_stall, c);
   if (!c->ev_read || !c->ev_write || !c->ev_stall)
     goto fail;
-  plugin_conn_init (&c->pc, fd);
+  backend_conn_init (&c->pc, fd);
 
   c->next = s->conns;
   if (s->conns)
@@ -106,7 +106,7 @@ conn_start (struct conn *c)
 {
   log_current = &c->log;
   log_debug ("new connection");
-  if (plugin_preconnect (cfg.readonly) == -1) {
+  if (backend_conn_preconnect (&c->pc, cfg.readonly) == -1) {
     log_error ("plugin refused the connection (preconnect)");
     conn_close_now (c);
     return;
@@ -542,6 +542,7 @@ conn_on_read (evutil_socket_t fd, short what, void *arg)
   struct conn *c = arg;
   struct shard *s = c->shard;
   log_current = &c->log;
+  s->reads++;
   if (cfg.idle_timeout)
     c->t_active = now_ns ();       /* vDSO: no syscall */
   conn_pump (c, true);
@@ -659,7 +660,7 @@ conn_maybe_free (struct conn *c)
 
   struct shard *s = c->shard;
   log_debug ("connection closed");
-  plugin_conn_fini (&c->pc);
+  backend_conn_fini (&c->pc);
   tls_free (c);
   if (c->prev)
     c->prev->next = c->next;

@@ -65,7 +65,7 @@ handshake_start (struct conn *c)
 static uint16_t
 export_flags (struct conn *c)
 {
-  const struct plugin_caps *k = &c->pc.caps;
+  const struct backend_caps *k = &c->pc.caps;
   uint16_t f = NBD_FLAG_HAS_FLAGS;
   bool writable = k->can_write && !cfg.readonly;
 
@@ -79,7 +79,7 @@ export_flags (struct conn *c)
     f |= NBD_FLAG_ROTATIONAL;
   if (writable && k->can_trim)
     f |= NBD_FLAG_SEND_TRIM;
-  if (writable)
+  if (writable && k->can_zero > 0 /* not NBDKIT_ZERO_NONE */)
     f |= NBD_FLAG_SEND_WRITE_ZEROES;
   if (writable && k->can_fast_zero)
     f |= NBD_FLAG_SEND_FAST_ZERO;
@@ -96,7 +96,7 @@ export_flags (struct conn *c)
 static void
 block_sizes (struct conn *c, uint32_t *min, uint32_t *pref, uint32_t *max)
 {
-  const struct plugin_caps *k = &c->pc.caps;
+  const struct backend_caps *k = &c->pc.caps;
   if (k->block_min) {
     *min = k->block_min;
     *pref = k->block_pref;
@@ -122,9 +122,7 @@ open_export (struct conn *c, const char *name, size_t len)
   if (!n)
     return -1;
   if (len == 0) {
-    public_current = &c->pc.ctx;
-    const char *d = plugin_default_export (cfg.readonly, c->pc.ctx.is_tls);
-    public_current = NULL;
+    const char *d = backend_conn_default_export (&c->pc, cfg.readonly);
     if (d) {
       free (n);
       n = strdup (d);
@@ -134,7 +132,7 @@ open_export (struct conn *c, const char *name, size_t len)
   }
   free (c->export_name);
   c->export_name = n;
-  if (plugin_open (&c->pc, c->export_name, cfg.readonly) == -1)
+  if (backend_conn_open (&c->pc, c->export_name, cfg.readonly) == -1)
     return -1;
   log_debug ("export \"%s\" open: size %lld", c->export_name,
              (long long) c->pc.caps.size);
@@ -175,7 +173,7 @@ opt_info_go (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
     want_desc |= t == NBD_INFO_DESCRIPTION;
   }
 
-  plugin_close (&c->pc);            /* an earlier INFO's handle, if any */
+  backend_conn_close (&c->pc);      /* an earlier INFO's handle, if any */
   if (open_export (c, name, namelen) == -1)
     return send_error (c, option, NBD_REP_ERR_UNKNOWN, "export not available");
 
@@ -190,7 +188,7 @@ opt_info_go (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
                               strlen (c->export_name)) == -1)
     return -1;
   if (want_desc) {
-    const char *desc = plugin_export_description (&c->pc);
+    const char *desc = backend_conn_export_description (&c->pc);
     if (desc && send_info (c, option, NBD_INFO_DESCRIPTION, desc,
                            strnlen (desc, NBD_MAX_STRING)) == -1)
       return -1;
@@ -206,7 +204,7 @@ opt_info_go (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
     return -1;
 
   if (option == NBD_OPT_INFO)
-    plugin_close (&c->pc);
+    backend_conn_close (&c->pc);
   else {
     c->phase = CONN_TRANSMISSION;
     log_debug ("transmission phase: export \"%s\"%s", c->export_name,
@@ -242,16 +240,14 @@ opt_list (struct conn *c, uint32_t len)
 {
   if (len != 0)
     return send_error (c, NBD_OPT_LIST, NBD_REP_ERR_INVALID, "LIST takes no data");
-  public_current = &c->pc.ctx;
-  struct nbdkit_exports *e = plugin_list_exports (cfg.readonly, c->pc.ctx.is_tls);
-  public_current = NULL;
+  struct nbdkit_exports *e = backend_conn_list_exports (&c->pc, cfg.readonly);
   if (!e)
     return send_error (c, NBD_OPT_LIST, NBD_REP_ERR_PLATFORM, "cannot list exports");
 
   int r = 0;
   if (e->use_default) {
     const char *def = cfg.export_name ? cfg.export_name
-                                      : plugin_default_export (cfg.readonly, c->pc.ctx.is_tls);
+                                      : backend_conn_default_export (&c->pc, cfg.readonly);
     if (!def)
       def = "";
     if (nbdkit_add_export (e, def, NULL) == -1)
@@ -347,7 +343,7 @@ opt_starttls (struct conn *c, uint32_t len)
 
   c->structured = false;
   c->meta_base_allocation = false;
-  plugin_close (&c->pc);
+  backend_conn_close (&c->pc);
   free (c->export_name);
   c->export_name = NULL;
   c->pc.ctx.export_name = NULL;

@@ -15,8 +15,10 @@
  *  dispatch   start_request → shard_dispatch (shard.c): inline on the shard
  *             thread, or queue_push (queue.c) to a worker that runs
  *             shard_run_request
- *  backend    protocol_execute → backend (layer stack), timed by
- *             delayacct_plugin_begin/end (delayacct.h)
+ *  backend    protocol_execute → backend (layer stack): backend_pread,
+ *             backend_pwrite, ... on c->pc.top (backend.c), down through
+ *             filters and the cache to the plugin (docs/ARCHITECTURE.md);
+ *             timed by delayacct_plugin_begin/end (delayacct.h)
  *  reply      protocol_execute builds the reply iovecs (put_simple,
  *             put_error, put_read_reply); inline: conn_on_complete; from a
  *             worker: shard_complete → shard_on_notify → conn_on_complete,
@@ -89,6 +91,7 @@ struct blkd_config {
   unsigned max_connections;       /* --max-connections; 0: no limit */
   unsigned handshake_timeout;     /* --handshake-timeout seconds; 0: none */
   unsigned idle_timeout;          /* --idle-timeout seconds; 0: none */
+  unsigned poll_us;               /* --poll-us: spin this long after a read; 0: never */
 
   /* TLS (tls.c). */
   enum tls_mode tls;
@@ -113,72 +116,98 @@ extern struct blkd_config cfg;
 extern atomic_bool server_stopping;
 void server_request_stop (void);
 
-/* ---- plugin host (plugin.c) ------------------------------------------ */
+/* ---- the layer stack (backend.c, backend.h) ------------------------- */
 
-/* What the plugin says about one opened export, cached at open time. */
-struct plugin_caps {
+/* What the outermost layer says about one opened export, fetched once at
+ * open time: the protocol validates every request against it. */
+struct backend_caps {
   int64_t size;
   bool can_write, can_flush, is_rotational, can_trim, can_multi_conn;
   bool can_extents, can_fast_zero;
-  int can_zero;                   /* 0 none, 1 emulate via pwrite, 2 native */
+  int can_zero;                   /* NBDKIT_ZERO_NONE/EMULATE/NATIVE */
   int can_fua;                    /* NBDKIT_FUA_NONE/EMULATE/NATIVE */
   int can_cache;                  /* NBDKIT_CACHE_NONE/EMULATE/NATIVE */
-  uint32_t block_min, block_pref, block_max;  /* 0 0 0: plugin gave none */
+  uint32_t block_min, block_pref, block_max;  /* 0 0 0: no layer gave any */
 };
 
-/* One connection's view of the plugin: handle, caps, the lock its thread
- * model asks for, and the context nbdkit_export_name() etc. answer from. */
-struct plugin_conn {
-  void *handle;                   /* NULL until opened */
-  struct plugin_caps caps;
-  pthread_mutex_t request_lock;   /* SERIALIZE_REQUESTS: one call at a time */
+/* One connection's handle on the stack: the outermost layer's context,
+ * its caps, the lock the thread model asks for, and the context
+ * nbdkit_export_name() etc. answer from. */
+struct context;
+struct backend_conn {
+  struct context *top;            /* NULL until opened */
+  struct backend_caps caps;
+  pthread_mutex_t request_lock;   /* SERIALIZE_REQUESTS: one request at a time */
   struct public_conn_ctx ctx;
 };
 
-int plugin_load (const char *name, int argc, char **argv);  /* -1 + message */
-char *plugin_exe_dir (void);      /* malloc'd; NULL if /proc/self/exe fails */
-int plugin_dump (const char *name);
+/* Start-up and shutdown (main thread); -1 after printing why. */
+int backend_stack_load (const char *plugin, const char *const *filters, int nfilters,
+                        int argc, char **argv);
+int backend_stack_dump (const char *plugin, const char *const *filters, int nfilters);
+int backend_stack_after_fork (void);
+void backend_stack_unload (void);
 int plugin_help (const char *name);   /* PLUGIN --help: nbdkit's plugin usage */
-int plugin_after_fork (void);
-void plugin_unload (void);
 const char *plugin_name (void);
-int plugin_thread_model (void);
-bool plugin_inline_safe (void);  /* fast enough to call on the shard thread */
-int plugin_preconnect (bool readonly);
-struct nbdkit_exports *plugin_list_exports (bool readonly, bool is_tls);
-const char *plugin_default_export (bool readonly, bool is_tls);
+char *plugin_exe_dir (void);      /* malloc'd; NULL if /proc/self/exe fails */
+int backend_thread_model (void);  /* the strictest of all layers */
+bool backend_inline_safe (void);  /* every layer fast enough for the shard thread */
 
-void plugin_conn_init (struct plugin_conn *pc, int fd);
-void plugin_conn_fini (struct plugin_conn *pc);
-int plugin_open (struct plugin_conn *pc, const char *export_name, bool readonly);
-void plugin_close (struct plugin_conn *pc);
-const char *plugin_export_description (struct plugin_conn *pc);
+/* Per connection (shard thread). */
+void backend_conn_init (struct backend_conn *bc, int fd);
+void backend_conn_fini (struct backend_conn *bc);
+int backend_conn_preconnect (struct backend_conn *bc, bool readonly);
+struct nbdkit_exports *backend_conn_list_exports (struct backend_conn *bc, bool readonly);
+const char *backend_conn_default_export (struct backend_conn *bc, bool readonly);
+int backend_conn_open (struct backend_conn *bc, const char *export_name, bool readonly);
+void backend_conn_close (struct backend_conn *bc);
+const char *backend_conn_export_description (struct backend_conn *bc);
 
-/* The request path: each returns 0 or a positive errno. */
-int plugin_pread (struct plugin_conn *pc, void *buf, uint32_t count, uint64_t offset);
-int plugin_pwrite (struct plugin_conn *pc, const void *buf, uint32_t count,
-                   uint64_t offset, bool fua);
-int plugin_flush (struct plugin_conn *pc);
-int plugin_trim (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua);
-int plugin_zero (struct plugin_conn *pc, uint32_t count, uint64_t offset,
-                 bool may_trim, bool fua, bool fast);
-int plugin_cache (struct plugin_conn *pc, uint32_t count, uint64_t offset);
-int plugin_extents (struct plugin_conn *pc, uint32_t count, uint64_t offset,
-                    bool req_one, struct nbdkit_extents *e);
+/* The thread model's lock, taken once around a whole request (every layer
+ * runs under it, as in nbdkit).  SERIALIZE_CONNECTIONS is also enforced at
+ * accept time, but the one connection's requests still run on several
+ * workers, so it takes the all-requests lock too (nbdkit: "all requests
+ * happen from one thread").  PARALLEL needs nothing: the common case is
+ * two compares. */
+extern int backend_model;
+extern pthread_mutex_t backend_all_requests_lock;
+static inline void
+backend_lock_request (struct backend_conn *bc)
+{
+  if (__builtin_expect (backend_model <= 1 /* SERIALIZE_{CONNECTIONS,ALL_REQUESTS} */, 0))
+    pthread_mutex_lock (&backend_all_requests_lock);
+  else if (__builtin_expect (backend_model == 2 /* SERIALIZE_REQUESTS */, 0))
+    pthread_mutex_lock (&bc->request_lock);
+  public_current = &bc->ctx;
+  public_last_error = 0;          /* only this request's nbdkit_set_error counts */
+}
 
-/* blkd's extension (include/blkd-plugin.h): ENOTSUP when the plugin has
- * no such call or a layer between protocol and plugin (the cache) must
- * see the data; the caller then copies through plugin_pread/pwrite. */
+static inline void
+backend_unlock_request (struct backend_conn *bc)
+{
+  public_current = NULL;
+  if (__builtin_expect (backend_model <= 1, 0))
+    pthread_mutex_unlock (&backend_all_requests_lock);
+  else if (__builtin_expect (backend_model == 2, 0))
+    pthread_mutex_unlock (&bc->request_lock);
+}
+
+/* blkd's extension (include/blkd-plugin.h), plugin.c: ENOTSUP when the
+ * plugin has no such call or any layer sits between the protocol and the
+ * plugin (a filter or the cache must see the data); the caller then goes
+ * through the stack with a pool buffer.  pread_lend, pread_fd and
+ * pwrite_commit run inside the request's backend_lock_request;
+ * pwrite_place takes it itself (it runs while the request is parsed). */
 struct blkd_lend;
 bool plugin_can_lend (void);
-int plugin_pread_lend (struct plugin_conn *pc, uint32_t count, uint64_t offset,
+int plugin_pread_lend (struct backend_conn *bc, uint32_t count, uint64_t offset,
                        struct blkd_lend *l);
 void plugin_lend_release (void *const *token, unsigned n, uint32_t bytes);
-int plugin_pread_fd (struct plugin_conn *pc, uint32_t count, uint64_t offset, int *fd,
+int plugin_pread_fd (struct backend_conn *bc, uint32_t count, uint64_t offset, int *fd,
                      uint64_t *file_offset);
-int plugin_pwrite_place (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua,
+int plugin_pwrite_place (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
                          struct blkd_lend *dst);
-int plugin_pwrite_commit (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua,
+int plugin_pwrite_commit (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
                           struct blkd_lend *dst, bool ok);
 struct plugin_lend_stats {
   uint64_t lent_bytes;            /* lent to replies not yet sent */
@@ -334,7 +363,7 @@ struct conn {
   struct conn *flush_next;        /* shard's list of conns with new replies */
   bool flush_pending;
   struct conn *wait_next;         /* shard's list of conns waiting for buffers */
-  struct plugin_conn pc;
+  struct backend_conn pc;        /* this connection's handle on the layer stack */
   struct conn_stats *mstats;      /* /stats record (delayacct.c); NULL: none */
 
   /* TLS (tls.c): the session once STARTTLS was accepted, NULL in clear. */
@@ -354,6 +383,7 @@ void conn_close_now (struct conn *c);
 
 int tls_setup (void);             /* start-up: -1 after printing why */
 void tls_cleanup (void);
+int tls_reload (void);            /* SIGHUP: re-read the credential files; -1 keeps the old */
 int tls_start (struct conn *c);   /* STARTTLS accepted: make the session */
 void tls_free (struct conn *c);
 /* The transport under conn.c once c->tls is set: -1 with errno EAGAIN
@@ -400,6 +430,7 @@ struct shard {
   struct event *ev_sweep;         /* once a second: handshake/idle timeouts */
   struct queue *queue;            /* this shard's work queue (split mode) */
   bool draining;
+  uint64_t reads;                 /* read callbacks run: the poll window's signal */
   struct shard_stats *stats;      /* counters and delay accounting (delayacct.c) */
 };
 

@@ -331,7 +331,7 @@ on_accept (evutil_socket_t lfd, short what, void *arg)
 {
   /* SERIALIZE_CONNECTIONS: one client at a time; the rest wait in the
    * kernel's backlog until the current one leaves. */
-  bool one_at_a_time = plugin_thread_model () == NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS;
+  bool one_at_a_time = backend_thread_model () == NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS;
 
   for (int i = 0; i < 64; i++) {
     if (one_at_a_time && shard_total_conns () > 0) {

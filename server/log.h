@@ -1,4 +1,4 @@
-/* Logging: one line per event to stderr, naming the connection and peer. */
+/* Logging: one line per event to stderr, syslog or nowhere, naming the connection and peer. */
 #ifndef BLKD_LOG_H
 #define BLKD_LOG_H
 
@@ -6,6 +6,10 @@
 #include <stdbool.h>
 
 enum log_level { LOG_LVL_ERROR, LOG_LVL_WARN, LOG_LVL_INFO, LOG_LVL_DEBUG };
+
+/* --log, in the order of its choices; LOG_TO_DEFAULT means stderr in the
+ * foreground and syslog once log_daemonized has run, as in nbdkit. */
+enum log_dest { LOG_TO_STDERR, LOG_TO_SYSLOG, LOG_TO_NULL, LOG_TO_DEFAULT };
 
 extern bool log_verbose;          /* -v: debug lines (and nbdkit_debug) print */
 
@@ -16,6 +20,11 @@ struct log_ctx {
   const char *peer;               /* "127.0.0.1:40312", "unix", ... */
 };
 extern __thread const struct log_ctx *log_current;
+
+void log_set_dest (enum log_dest dest);   /* --log; before any thread starts */
+/* In the daemon child, before any thread starts: the default becomes
+ * syslog, and fd 2 leaves the terminal (see log.c). */
+void log_daemonized (void);
 
 void log_msg (enum log_level level, const char *fmt, ...)
   __attribute__((format (printf, 2, 3)));

@@ -22,7 +22,6 @@
 #include <nbdkit-plugin.h>
 
 #include "internal.h"
-#include "cache.h"
 #include "delayacct.h"
 #include "metrics.h"
 
@@ -51,6 +50,17 @@ on_signal (int sig)
 {
   public_begin_shutdown ();
   server_request_stop ();
+}
+
+/* SIGHUP, on the main loop (not in the handler: reading files and
+ * building an OpenSSL context are not async-signal-safe). */
+static void
+on_sighup (evutil_socket_t fd, short what, void *arg)
+{
+  if (cfg.tls == TLS_OFF)
+    log_info ("SIGHUP: TLS is off, no credentials to reload");
+  else
+    tls_reload ();
 }
 
 static void
@@ -109,18 +119,25 @@ usage (FILE *f)
 "  -g, --group GROUP      bound, before any client; GROUP likewise\n"
 "      --exit-with-parent exit (cleanly) when the parent process exits (implies -f)\n"
 "  -v, --verbose          debug messages (and nbdkit_debug from plugins)\n"
-"  -D, --debug NAME.FLAG=N  set the plugin's NAME_debug_FLAG variable to N\n"
-"                         (nbdkit.* flags are accepted and have no effect)\n"
+"      --log DEST         stderr, syslog or null (default: stderr in the\n"
+"                         foreground, syslog once forked into the background)\n"
+"  -D, --debug NAME.FLAG=N  set the plugin's (or a filter's) NAME_debug_FLAG\n"
+"                         variable to N (nbdkit.* flags are accepted and have\n"
+"                         no effect)\n"
 "      --run CMD          run CMD with $uri, $nbd, $port, $unixsocket,\n"
 "                         $exportname and $tls set, then stop the server and\n"
 "                         exit with CMD's status (implies -f)\n"
 "      --print-uri        print the URI clients connect to on stdout\n"
-"      --dump-plugin      print what the plugin provides and exit\n"
+"      --filter NAME      stack an nbdkit filter over the plugin (repeatable; the\n"
+"                         first named is outermost), by name or path\n"
+"      --dump-plugin      print what the plugin and filters provide and exit\n"
 "  -h, --help             this text; with a PLUGIN, its parameters too\n"
 "  -V, --version          print the version and exit\n"
 "\n"
 "Engine:\n"
 "      --shards N         event-loop threads, one per core (default: online CPUs)\n"
+"      --poll-us N        after a read, look for the next request for N us\n"
+"                         before sleeping in epoll (default 0: sleep at once)\n"
 "  -t, --threads N        plugin worker threads per shard (default 16)\n"
 "      --max-request SIZE largest READ/WRITE accepted and advertised (default 32M)\n"
 "      --max-inflight N   requests in flight per connection before reading\n"
@@ -157,7 +174,9 @@ usage (FILE *f)
 "                         locked (a mutex and timestamps per counter), off\n"
 "\n"
 "Block cache:\n"
-"      --cache SIZE       cache between protocol and plugin (default 0: off)\n"
+"      --cache SIZE       cache between the filters and the plugin, SIZE bytes in\n"
+"                         all (default 0: off); shared per export only where\n"
+"                         the plugin is multi-conn, else one per connection\n"
 "      --cache-block SIZE cache block size (default 64K)\n"
 "      --cache-mode MODE  writethrough (default) or writeback\n"
 "      --cache-ctor B     keep freed entries constructed for reuse (default no:\n"
@@ -208,13 +227,13 @@ parse_choice (const char *opt, const char *arg, const char *const *choices)
 }
 
 enum {
-  OPT_RUN = 256, OPT_DUMP_PLUGIN, OPT_SHARDS, OPT_MAX_REQUEST, OPT_MAX_INFLIGHT,
+  OPT_RUN = 256, OPT_DUMP_PLUGIN, OPT_SHARDS, OPT_POLL_US, OPT_MAX_REQUEST, OPT_MAX_INFLIGHT,
   OPT_DISPATCH, OPT_IOBUF, OPT_IOBUF_MEM, OPT_QUEUE, OPT_SPARSE_READS,
   OPT_MAX_CONNECTIONS, OPT_HANDSHAKE_TIMEOUT, OPT_IDLE_TIMEOUT, OPT_TLS,
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_METRICS, OPT_DELAYACCT,
   OPT_CACHE, OPT_CACHE_BLOCK, OPT_CACHE_MODE, OPT_CACHE_CTOR,
   OPT_EXIT_WITH_PARENT, OPT_MASK_HANDSHAKE, OPT_NO_SR, OPT_PRINT_URI, OPT_SELINUX_LABEL,
-  OPT_VSOCK,
+  OPT_VSOCK, OPT_LOG, OPT_FILTER,
 };
 
 static const struct option long_opts[] = {
@@ -250,6 +269,7 @@ static const struct option long_opts[] = {
   { "run", required_argument, NULL, OPT_RUN },
   { "dump-plugin", no_argument, NULL, OPT_DUMP_PLUGIN },
   { "shards", required_argument, NULL, OPT_SHARDS },
+  { "poll-us", required_argument, NULL, OPT_POLL_US },
   { "max-request", required_argument, NULL, OPT_MAX_REQUEST },
   { "max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT },
   { "dispatch", required_argument, NULL, OPT_DISPATCH },
@@ -271,6 +291,8 @@ static const struct option long_opts[] = {
   { "cache-block", required_argument, NULL, OPT_CACHE_BLOCK },
   { "cache-mode", required_argument, NULL, OPT_CACHE_MODE },
   { "cache-ctor", required_argument, NULL, OPT_CACHE_CTOR },
+  { "log", required_argument, NULL, OPT_LOG },
+  { "filter", required_argument, NULL, OPT_FILTER },
   { NULL, 0, NULL, 0 },
 };
 
@@ -321,6 +343,7 @@ daemonize (void)
     if (fd > STDERR_FILENO)
       close (fd);
   }
+  log_daemonized ();
   return 0;
 }
 
@@ -445,9 +468,12 @@ main (int argc, char **argv)
   const char *user = NULL, *group = NULL;
   pid_t parent = getppid ();
   int c, exit_code = EXIT_SUCCESS;
-  struct event *ev_stop = NULL, *ev_chld = NULL;
+  struct event *ev_stop = NULL, *ev_chld = NULL, *ev_hup = NULL;
   long ncpu = sysconf (_SC_NPROCESSORS_ONLN);
   uint64_t iobuf_mem = 1024ull * 1024 * 1024;
+  enum { MAX_FILTERS = 64 };
+  const char *filters[MAX_FILTERS];
+  int nfilters = 0;
 
   cfg.shards = ncpu > 0 ? (int) ncpu : 1;
   /* GNU order, as nbdkit: options may follow the plugin and its arguments. */
@@ -488,6 +514,7 @@ main (int argc, char **argv)
     case OPT_RUN: cfg.run_cmd = optarg; cfg.foreground = true; break;
     case OPT_DUMP_PLUGIN: dump = true; break;
     case OPT_SHARDS: cfg.shards = parse_int_opt ("--shards", optarg, 1, 1024); break;
+    case OPT_POLL_US: cfg.poll_us = parse_int_opt ("--poll-us", optarg, 0, 1000000); break;
     case OPT_MAX_REQUEST:
       cfg.max_request = parse_size_opt ("--max-request", optarg, 512, 1u << 30);
       break;
@@ -559,6 +586,17 @@ main (int argc, char **argv)
     case OPT_CACHE_CTOR:
       cfg.cache_ctor = parse_bool_opt (optarg);
       break;
+    case OPT_LOG:
+      log_set_dest (parse_choice ("--log", optarg, (const char *const[]) {
+          "stderr", "syslog", "null", NULL }));
+      break;
+    case OPT_FILTER:
+      if (nfilters == MAX_FILTERS) {
+        fprintf (stderr, "blkd: at most %d --filter options\n", MAX_FILTERS);
+        return EXIT_FAILURE;
+      }
+      filters[nfilters++] = optarg;
+      break;
     default:
       usage (stderr);
       return EXIT_FAILURE;
@@ -589,7 +627,7 @@ main (int argc, char **argv)
     return EXIT_SUCCESS;
   }
   if (dump)
-    return plugin_dump (plugin) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return backend_stack_dump (plugin, filters, nfilters) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 
   if (cfg.single && (cfg.run_cmd || cfg.unix_path || cfg.port || cfg.ip || cfg.vsock)) {
     fprintf (stderr, "blkd: -s cannot be used with --run, -U, -p, -i or --vsock\n");
@@ -621,10 +659,11 @@ main (int argc, char **argv)
   sigemptyset (&sa.sa_mask);
   sigaction (SIGINT, &sa, NULL);
   sigaction (SIGTERM, &sa, NULL);
+  sigaction (SIGQUIT, &sa, NULL);
   if (exit_with_parent && set_exit_with_parent (parent) == -1)
     return EXIT_FAILURE;
-  if (plugin_load (plugin, pargc, pargv) == -1) {
-    plugin_unload ();
+  if (backend_stack_load (plugin, filters, nfilters, pargc, pargv) == -1) {
+    backend_stack_unload ();
     debug_flags_free ();
     return EXIT_FAILURE;
   }
@@ -633,7 +672,7 @@ main (int argc, char **argv)
    * start-up error, not a handshake failure on every connection. */
   if (cfg.tls != TLS_OFF && tls_setup () == -1) {
     tls_cleanup ();
-    plugin_unload ();
+    backend_stack_unload ();
     return EXIT_FAILURE;
   }
 
@@ -667,7 +706,11 @@ main (int argc, char **argv)
   }
   if (!cfg.foreground && !cfg.socket_activated && daemonize () == -1)
     return EXIT_FAILURE;
-  if (write_pidfile () == -1 || plugin_after_fork () == -1 || cache_setup () == -1) {
+  /* SIGHUP reloads (on_sighup); until that handler is in place, one that
+   * comes early is dropped rather than killing us half started.  Not
+   * before this: --run's command, started above, must not inherit it. */
+  signal (SIGHUP, SIG_IGN);
+  if (write_pidfile () == -1 || backend_stack_after_fork () == -1) {
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }
@@ -686,6 +729,8 @@ main (int argc, char **argv)
   sigemptyset (&block);
   sigaddset (&block, SIGINT);
   sigaddset (&block, SIGTERM);
+  sigaddset (&block, SIGQUIT);
+  sigaddset (&block, SIGHUP);
   sigaddset (&block, SIGCHLD);
   pthread_sigmask (SIG_BLOCK, &block, &old);
   int r = shard_start_all ();
@@ -697,8 +742,10 @@ main (int argc, char **argv)
 
   ev_stop = event_new (main_base, stop_fd, EV_READ | EV_PERSIST, on_stop, NULL);
   ev_chld = evsignal_new (main_base, SIGCHLD, on_sigchld, NULL);
+  ev_hup = evsignal_new (main_base, SIGHUP, on_sighup, NULL);
   if (!ev_stop || event_add (ev_stop, NULL) == -1 || !ev_chld
-      || event_add (ev_chld, NULL) == -1 || listen_start (main_base) == -1) {
+      || event_add (ev_chld, NULL) == -1 || !ev_hup || event_add (ev_hup, NULL) == -1
+      || listen_start (main_base) == -1) {
     fprintf (stderr, "blkd: cannot start listening: %m\n");
     exit_code = EXIT_FAILURE;
     goto out_events;
@@ -707,9 +754,8 @@ main (int argc, char **argv)
     exit_code = EXIT_FAILURE;
     goto out_events;
   }
-  if (cfg.foreground && !cfg.run_cmd && !cfg.single)
-    fprintf (stderr, "blkd: serving %s on %s (%d shards)\n", plugin_name (), listen_uri (),
-             cfg.shards);
+  if (!cfg.run_cmd && !cfg.single)
+    log_info ("serving %s on %s (%d shards)", plugin_name (), listen_uri (), cfg.shards);
   if (daemon_ready_fd >= 0) {
     if (write (daemon_ready_fd, "", 1) != 1)
       log_warn ("could not tell the parent we are ready: %m");
@@ -735,6 +781,8 @@ out_events:
     event_free (ev_stop);
   if (ev_chld)
     event_free (ev_chld);
+  if (ev_hup)
+    event_free (ev_hup);
 out_shards:
   atomic_store (&server_stopping, true);
   shard_stop_all ();
@@ -750,9 +798,8 @@ out_listen:
   listen_stop ();
   listen_cleanup ();
   metrics_stop ();                /* it answered 503 while the shards drained */
-  cache_stop ();                  /* writeback: dirty blocks reach the plugin */
   stats_free ();
-  plugin_unload ();
+  backend_stack_unload ();        /* writeback: dirty blocks reach the plugin */
   debug_flags_free ();
   tls_cleanup ();
   if (cfg.pidfile && exit_code == EXIT_SUCCESS)

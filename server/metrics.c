@@ -206,7 +206,7 @@ on_metrics (struct evhttp_request *req, void *arg)
     for (int ph = 0; ph < DA_PHASES; ph++)
       prom_delay (b, ph);
 
-  if (blk_cache) {
+  if (cfg.cache_size) {
     struct cache_totals c;
     cache_totals (&c);
     scalar (b, "blkd_cache_hits_total", "counter",
@@ -225,6 +225,9 @@ on_metrics (struct evhttp_request *req, void *arg)
             "Memory of the cache's slabs.", c.bytes);
     scalar (b, "blkd_cache_capacity_bytes", "gauge",
             "Bound on the blocks held (--cache).", c.capacity_bytes);
+    scalar (b, "blkd_cache_instances", "gauge",
+            "Cache instances: one per export for multi-conn plugins, else one per "
+            "connection.", c.instances);
   }
 
   struct plugin_lend_stats ls;
@@ -340,18 +343,19 @@ on_stats (struct evhttp_request *req, void *arg)
   }
   evbuffer_add_printf (b, "},");
 
-  if (blk_cache) {
+  if (cfg.cache_size) {
     struct cache_totals c;
     cache_totals (&c);
     evbuffer_add_printf (b, "\"cache\":{\"mode\":\"%s\",\"ctor\":%s,\"block\":%" PRIu64
                          ",\"stripes\":%" PRIu64 ",\"hits\":%" PRIu64 ",\"misses\":%" PRIu64
                          ",\"evictions\":%" PRIu64 ",\"writebacks\":%" PRIu64
                          ",\"dirty_bytes\":%" PRIu64 ",\"entries\":%" PRIu64
-                         ",\"bytes\":%" PRIu64 ",\"capacity_bytes\":%" PRIu64 "},",
+                         ",\"bytes\":%" PRIu64 ",\"capacity_bytes\":%" PRIu64
+                         ",\"instances\":%" PRIu64 "},",
                          cfg.cache_mode == CACHE_WRITEBACK ? "writeback" : "writethrough",
                          cfg.cache_ctor ? "true" : "false", c.block, c.stripes, c.hits,
                          c.misses, c.evictions, c.writebacks, c.dirty_bytes, c.entries,
-                         c.bytes, c.capacity_bytes);
+                         c.bytes, c.capacity_bytes, c.instances);
   }
   else
     evbuffer_add_printf (b, "\"cache\":null,");

@@ -1,5 +1,7 @@
-/* Plugin host: loads an nbdkit-API plugin and runs its lifecycle, locking
- * and emulations the way nbdkit 1.32 does. */
+/* The plugin layer: loads an nbdkit-API plugin and puts it at the bottom
+ * of the layer stack, with the defaults and emulations nbdkit 1.32's
+ * plugins.c gives (can_* from the callbacks present, FUA by flush, zero
+ * by writing zeros when the plugin says ENOTSUP). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
@@ -8,23 +10,19 @@
 #include <string.h>
 #include <unistd.h>
 
-#define NBDKIT_API_VERSION 2
-#include <nbdkit-plugin.h>
-
+#include "backend.h"
 #include "blkd-plugin.h"
-#include "internal.h"
 
 #ifndef NBDKIT_PLUGINDIR
-#define NBDKIT_PLUGINDIR "/usr/lib/x86_64-linux-gnu/nbdkit/plugins"
+#error "NBDKIT_PLUGINDIR comes from pkg-config (see the Makefile)"
 #endif
 
+/* One plugin per process, as in nbdkit: the layer's state is static. */
 static struct nbdkit_plugin p;      /* our zero-padded copy of theirs */
 static void *dl;
-static char *plugin_path;
 static int api_version;
-static int thread_model;
-static bool inline_safe;
-static pthread_mutex_t all_requests_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool loaded;                 /* .load ran: .unload is due */
+static struct backend layer;       /* defined at the end */
 /* blkd's own extension (include/blkd-plugin.h), NULL for nbdkit's plugins. */
 static const struct blkd_plugin_extension *ext;
 static struct {
@@ -45,24 +43,9 @@ static const char *const inline_plugins[] = {
 };
 
 const char *plugin_name (void) { return p.name; }
-int plugin_thread_model (void) { return thread_model; }
-bool plugin_inline_safe (void) { return inline_safe; }
-
-static bool
-valid_plugin_name (const char *name)
-{
-  if (!name || !((name[0] >= 'a' && name[0] <= 'z') || (name[0] >= 'A' && name[0] <= 'Z')
-                 || (name[0] >= '0' && name[0] <= '9')))
-    return false;
-  for (const char *s = name; *s; s++)
-    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')
-          || (*s >= '0' && *s <= '9') || *s == '-'))
-      return false;
-  return true;
-}
 
 /* Directory of the running executable, so an uninstalled ./blkd finds the
- * in-tree plugins next to it. */
+ * in-tree plugins and filters next to it. */
 char *
 plugin_exe_dir (void)
 {
@@ -77,172 +60,127 @@ plugin_exe_dir (void)
   return strdup (buf);
 }
 
-/* A name with a '/' or ending in .so is a path; otherwise look in the
- * in-tree directory, blkd's plugin directory, then nbdkit's. */
-static char *
-find_plugin (const char *name)
-{
-  char *path = NULL;
-  size_t len = strlen (name);
-
-  if (strchr (name, '/') || (len > 3 && strcmp (name + len - 3, ".so") == 0))
-  {
-    char *resolved = realpath (name, NULL);
-    return resolved ? resolved : strdup (name);
-  }
-
-  char *dir = plugin_exe_dir ();
-  const char *dirs_fmt[3] = { "%s/plugins/%s/nbdkit-%s-plugin.so",
-                              BLKD_PLUGINDIR "/nbdkit-%s-plugin.so",
-                              NBDKIT_PLUGINDIR "/nbdkit-%s-plugin.so" };
-  for (int i = 0; i < 3; i++) {
-    int r = i == 0 ? (dir ? asprintf (&path, dirs_fmt[0], dir, name, name) : -1)
-                   : asprintf (&path, dirs_fmt[i], name);
-    if (r < 0) {
-      path = NULL;
-      continue;
-    }
-    if (access (path, R_OK) == 0)
-      break;
-    free (path);
-    path = NULL;
-  }
-  free (dir);
-  return path;
-}
-
 static int
 plugin_open_dl (const char *name)
 {
-  plugin_path = find_plugin (name);
-  if (!plugin_path) {
+  layer.filename = backend_find_so (name, "plugin", "plugins", BLKD_PLUGINDIR,
+                                    NBDKIT_PLUGINDIR);
+  if (!layer.filename) {
     fprintf (stderr, "blkd: plugin '%s' not found (looked in the tree, %s and %s)\n",
              name, BLKD_PLUGINDIR, NBDKIT_PLUGINDIR);
     return -1;
   }
+  const char *path = layer.filename;
   /* RTLD_NOW: a plugin importing a function we lack must fail here, not
    * crash on its first call (the imports are lazy JUMP_SLOTs). */
-  dl = dlopen (plugin_path, RTLD_NOW | RTLD_GLOBAL);
+  dl = dlopen (path, RTLD_NOW | RTLD_GLOBAL);
   if (!dl) {
-    fprintf (stderr, "blkd: cannot load plugin %s: %s\n", plugin_path, dlerror ());
+    fprintf (stderr, "blkd: cannot load plugin %s: %s\n", path, dlerror ());
     return -1;
   }
   struct nbdkit_plugin *(*init) (void) = (struct nbdkit_plugin *(*) (void)) dlsym (dl, "plugin_init");
   if (!init) {
-    fprintf (stderr, "blkd: %s is not an nbdkit plugin (no plugin_init)\n", plugin_path);
+    fprintf (stderr, "blkd: %s is not an nbdkit plugin (no plugin_init)\n", path);
     return -1;
   }
   struct nbdkit_plugin *theirs = init ();
   if (!theirs) {
-    fprintf (stderr, "blkd: %s: plugin_init returned NULL\n", plugin_path);
+    fprintf (stderr, "blkd: %s: plugin_init returned NULL\n", path);
     return -1;
   }
   api_version = theirs->_api_version;
   if (api_version < 0 || api_version > 2) {
-    fprintf (stderr, "blkd: %s: unsupported plugin API version %d\n", plugin_path, api_version);
+    fprintf (stderr, "blkd: %s: unsupported plugin API version %d\n", path, api_version);
     return -1;
   }
   /* Older plugins have a shorter struct: copy what they have, zeros after. */
   memset (&p, 0, sizeof p);
   size_t n = theirs->_struct_size < sizeof p ? theirs->_struct_size : sizeof p;
   memcpy (&p, theirs, n);
-  if (!valid_plugin_name (p.name)) {
-    fprintf (stderr, "blkd: %s: plugin name is missing or invalid\n", plugin_path);
+  if (!backend_valid_name (p.name)) {
+    fprintf (stderr, "blkd: %s: plugin name is missing or invalid\n", path);
     return -1;
   }
-  if (debug_flags_apply (dl, p.name, plugin_path) == -1)
+  if (debug_flags_apply (dl, p.name, path) == -1)
     return -1;
   bool has_pread = api_version == 1 ? p._pread_v1 != NULL : p.pread != NULL;
   if (!p.open || !p.get_size || !has_pread) {
-    fprintf (stderr, "blkd: %s: plugin must define open, get_size and pread\n", plugin_path);
+    fprintf (stderr, "blkd: %s: plugin must define open, get_size and pread\n", path);
     return -1;
   }
-  thread_model = p._thread_model;
   ext = dlsym (dl, "blkd_plugin_extension");
   if (ext && (ext->version != BLKD_PLUGIN_EXTENSION_VERSION
               || ext->size < offsetof (struct blkd_plugin_extension, lend_release)
                              + sizeof ext->lend_release)) {
     fprintf (stderr, "blkd: %s: blkd_plugin_extension version %u size %u not understood; "
-             "copying instead\n", plugin_path, ext->version, ext->size);
+             "copying instead\n", path, ext->version, ext->size);
     ext = NULL;
   }
-  return 0;
+  layer.name = strdup (p.name);
+  return layer.name ? 0 : -1;
 }
 
-int
-plugin_load (const char *name, int argc, char **argv)
-{
-  if (plugin_open_dl (name) == -1)
-    return -1;
-  if (p.load)
-    p.load ();
+/* ---- lifecycle ------------------------------------------------------ */
 
-  /* key=value arguments go to .config; a bare one goes to magic_config_key,
-   * as nbdkit does ("memory 1G" means "memory size=1G"). */
-  for (int i = 0; i < argc; i++) {
-    char *eq = strchr (argv[i], '=');
-    const char *key, *value;
-    /* Split in place, as nbdkit does: plugins keep the key and value
-     * pointers (the eval plugin does), so they must live for ever. */
-    if (eq && eq != argv[i]) {
-      *eq = '\0';
-      key = argv[i];
-      value = eq + 1;
-    }
-    else {
-      if (!p.magic_config_key) {
-        fprintf (stderr, "blkd: %s: argument '%s' is not key=value and the plugin "
-                 "has no magic config key\n", p.name, argv[i]);
-        return -1;
-      }
-      key = p.magic_config_key;
-      value = argv[i];
-    }
-    if (!p.config) {
-      fprintf (stderr, "blkd: %s: plugin takes no parameters, got '%s'\n", p.name, key);
-      return -1;
-    }
-    int r = p.config (key, value);
-    if (r == -1) {
-      fprintf (stderr, "blkd: %s: bad parameter '%s'\n", p.name, key);
-      return -1;
-    }
-  }
-  if (p.config_complete && p.config_complete () == -1) {
-    fprintf (stderr, "blkd: %s: configuration incomplete (see --dump-plugin or the "
-             "plugin's manual)\n", p.name);
-    return -1;
-  }
+static int
+plugin_thread_model (struct backend *b)
+{
+  int model = p._thread_model;
   if (p.thread_model) {
     int m = p.thread_model ();
     if (m == -1) {
       fprintf (stderr, "blkd: %s: thread_model failed\n", p.name);
       return -1;
     }
-    if (m < thread_model)
-      thread_model = m;
+    if (m < model)
+      model = m;
   }
-  if (p.get_ready && p.get_ready () == -1) {
-    fprintf (stderr, "blkd: %s: get_ready failed\n", p.name);
+  return model;
+}
+
+static const char *
+plugin_magic_config_key (struct backend *b)
+{
+  return p.magic_config_key;
+}
+
+static int
+plugin_config (struct backend *b, const char *key, const char *value)
+{
+  if (!p.config) {
+    fprintf (stderr, "blkd: %s: plugin takes no parameters, got '%s'\n", p.name, key);
     return -1;
   }
-  public_config_done = true;
-
-  inline_safe = false;
-  for (int i = 0; inline_plugins[i]; i++)
-    if (strcmp (p.name, inline_plugins[i]) == 0)
-      inline_safe = true;
-
-  zero_buf = calloc (1, ZERO_BUF_SIZE);
-  if (!zero_buf) {
-    fprintf (stderr, "blkd: out of memory\n");
+  if (p.config (key, value) == -1) {
+    fprintf (stderr, "blkd: %s: bad parameter '%s'\n", p.name, key);
     return -1;
   }
   return 0;
 }
 
-int
-plugin_after_fork (void)
+static int
+plugin_config_complete (struct backend *b)
+{
+  if (p.config_complete && p.config_complete () == -1) {
+    fprintf (stderr, "blkd: %s: configuration incomplete (see --dump-plugin or the "
+             "plugin's manual)\n", p.name);
+    return -1;
+  }
+  return 0;
+}
+
+static int
+plugin_get_ready (struct backend *b)
+{
+  if (p.get_ready && p.get_ready () == -1) {
+    fprintf (stderr, "blkd: %s: get_ready failed\n", p.name);
+    return -1;
+  }
+  return 0;
+}
+
+static int
+plugin_after_fork (struct backend *b)
 {
   if (p.after_fork && p.after_fork () == -1) {
     fprintf (stderr, "blkd: %s: after_fork failed\n", p.name);
@@ -251,69 +189,50 @@ plugin_after_fork (void)
   return 0;
 }
 
-void
-plugin_unload (void)
+static void
+plugin_cleanup (struct backend *b)
 {
-  if (!dl)
-    return;
   if (p.cleanup)
     p.cleanup ();
-  if (p.unload)
-    p.unload ();
-  /* dlclose is skipped under ASan so leak reports keep symbol names;
-   * everywhere else the plugin is unloaded as nbdkit does. */
+}
+
+static void
+plugin_unload (struct backend *b)
+{
+  if (dl) {
+    if (loaded && p.unload)
+      p.unload ();
+    loaded = false;
+    /* dlclose is skipped under ASan so leak reports keep symbol names;
+     * everywhere else the plugin is unloaded as nbdkit does. */
 #ifndef __SANITIZE_ADDRESS__
-  dlclose (dl);
+    dlclose (dl);
 #endif
-  dl = NULL;
+    dl = NULL;
+  }
   ext = NULL;
-  free (plugin_path);
-  plugin_path = NULL;
+  free (layer.filename);
+  free (layer.name);
+  layer.filename = layer.name = NULL;
   free (zero_buf);
   zero_buf = NULL;
-  public_release_global ();
 }
 
-/* nbdkit's plugin usage, printed after the server's for PLUGIN --help:
- * name (longname), path, description, config_help. */
-int
-plugin_help (const char *name)
+static void
+plugin_dump (struct backend *b)
 {
-  if (plugin_open_dl (name) == -1)
-    return -1;
-  if (p.load)
-    p.load ();
-  printf ("plugin: %s", p.name);
-  if (p.longname)
-    printf (" (%s)", p.longname);
-  printf ("\n(%s)\n", plugin_path);
-  const char *const texts[] = { p.description, p.config_help };
-  for (size_t i = 0; i < 2; i++) {
-    size_t n = texts[i] ? strlen (texts[i]) : 0;
-    if (n)
-      printf ("%s%s", texts[i], texts[i][n - 1] == '\n' ? "" : "\n");
-  }
-  fflush (stdout);
-  plugin_unload ();
-  return 0;
-}
-
-int
-plugin_dump (const char *name)
-{
-  if (plugin_open_dl (name) == -1)
-    return -1;
-  if (p.load)
-    p.load ();
-  printf ("path=%s\nname=%s\n", plugin_path, p.name);
+  printf ("path=%s\nname=%s\n", layer.filename, p.name);
   if (p.version)
     printf ("version=%s\n", p.version);
   printf ("api_version=%d\nstruct_size=%llu\n", api_version,
           (unsigned long long) p._struct_size);
   static const char *const models[] = { "serialize_connections",
     "serialize_all_requests", "serialize_requests", "parallel" };
-  printf ("thread_model=%s\n", thread_model >= 0 && thread_model <= 3
-          ? models[thread_model] : "unknown");
+  int stack_model = backend_thread_model ();
+  printf ("max_thread_model=%s\n", p._thread_model >= 0 && p._thread_model <= 3
+          ? models[p._thread_model] : "unknown");
+  printf ("thread_model=%s\n", stack_model >= 0 && stack_model <= 3
+          ? models[stack_model] : "unknown");
   printf ("errno_is_preserved=%d\n", p.errno_is_preserved);
   if (p.magic_config_key)
     printf ("magic_config_key=%s\n", p.magic_config_key);
@@ -334,44 +253,32 @@ plugin_dump (const char *name)
   if (p.dump_plugin)
     p.dump_plugin ();
   fflush (stdout);
-  plugin_unload ();
-  return 0;
 }
 
-int
-plugin_preconnect (bool readonly)
+static int
+plugin_preconnect (struct backend *b, int readonly)
 {
-  if (p.preconnect && p.preconnect (readonly) == -1)
-    return -1;
-  return 0;
+  return p.preconnect ? p.preconnect (readonly) : 0;
 }
 
-struct nbdkit_exports *
-plugin_list_exports (bool readonly, bool is_tls)
+static int
+plugin_list_exports (struct backend *b, int readonly, int is_tls,
+                     struct nbdkit_exports *e)
 {
-  struct nbdkit_exports *e = public_exports_new ();
-  if (!e)
-    return NULL;
-  if (p.list_exports) {
-    if (p.list_exports (readonly, is_tls, e) == -1) {
-      public_exports_free (e);
-      return NULL;
-    }
-  }
-  else
-    e->use_default = true;
-  return e;
+  if (!p.list_exports)
+    return nbdkit_use_default_export (e);
+  return p.list_exports (readonly, is_tls, e);
 }
 
-const char *
-plugin_default_export (bool readonly, bool is_tls)
+static const char *
+plugin_default_export (struct backend *b, int readonly, int is_tls)
 {
   if (p.default_export)
     return p.default_export (readonly, is_tls);
   return cfg.export_name ? cfg.export_name : "";
 }
 
-/* ---- per connection ------------------------------------------------ */
+/* ---- per context ----------------------------------------------------- */
 
 /* The errno a failed callback meant: nbdkit_set_error first, then errno if
  * the plugin promises to preserve it, else EIO.  Never 0. */
@@ -384,373 +291,372 @@ callback_error (int saved_errno)
   return err > 0 ? err : EIO;
 }
 
-/* The narrowest lock the thread model allows.  SERIALIZE_CONNECTIONS is
- * enforced at accept time (one connection at a time), so needs nothing here. */
-static inline void
-lock_request (struct plugin_conn *pc)
+static inline int
+fail (int *err, int saved_errno)
 {
-  if (thread_model == NBDKIT_THREAD_MODEL_SERIALIZE_ALL_REQUESTS)
-    pthread_mutex_lock (&all_requests_lock);
-  else if (thread_model == NBDKIT_THREAD_MODEL_SERIALIZE_REQUESTS)
-    pthread_mutex_lock (&pc->request_lock);
-  public_current = &pc->ctx;
-  public_last_error = 0;            /* only this call's nbdkit_set_error counts */
+  *err = callback_error (saved_errno);
+  return -1;
 }
 
-static inline void
-unlock_request (struct plugin_conn *pc)
+static void *
+plugin_open (struct context *c, int readonly, const char *exportname, int is_tls)
 {
-  public_current = NULL;
-  if (thread_model == NBDKIT_THREAD_MODEL_SERIALIZE_ALL_REQUESTS)
-    pthread_mutex_unlock (&all_requests_lock);
-  else if (thread_model == NBDKIT_THREAD_MODEL_SERIALIZE_REQUESTS)
-    pthread_mutex_unlock (&pc->request_lock);
+  /* nbdkit_export_name answers with the name this layer was opened with,
+   * which a filter may have changed. */
+  if (c->conn) {
+    const char *n = nbdkit_strdup_intern (exportname);
+    if (!n)
+      return NULL;
+    c->conn->ctx.export_name = n;
+  }
+  return p.open (readonly);
 }
 
-void
-plugin_conn_init (struct plugin_conn *pc, int fd)
+static void
+plugin_close (struct context *c)
 {
-  memset (pc, 0, sizeof *pc);
-  pthread_mutex_init (&pc->request_lock, NULL);
-  pc->ctx.peer_fd = fd;
+  if (p.close)
+    p.close (c->handle);
 }
 
-void
-plugin_conn_fini (struct plugin_conn *pc)
+/* Plugins have no .prepare or .finalize, as in nbdkit. */
+static int plugin_prepare (struct context *c, int readonly) { return 0; }
+static int plugin_finalize (struct context *c) { return 0; }
+
+static const char *
+plugin_export_description (struct context *c)
 {
-  plugin_close (pc);
-  public_conn_ctx_release (&pc->ctx);
-  pthread_mutex_destroy (&pc->request_lock);
+  return p.export_description ? p.export_description (c->handle) : NULL;
 }
 
-/* Calls a boolean can_* callback, or gives the default. */
-#define CAN(cb, dflt) \
-  (p.cb ? p.cb (pc->handle) : (dflt))
+static int64_t
+plugin_get_size (struct context *c)
+{
+  return p.get_size (c->handle);
+}
+
+static int
+plugin_block_size (struct context *c, uint32_t *min, uint32_t *pref, uint32_t *max)
+{
+  *min = *pref = *max = 0;
+  return p.block_size ? p.block_size (c->handle, min, pref, max) : 0;
+}
+
+/* A boolean can_* callback (normalised to 0/1), or the default. */
+static inline int
+can (int (*cb) (void *), struct context *c, int dflt)
+{
+  if (!cb)
+    return dflt;
+  int r = cb (c->handle);
+  return r < 0 ? -1 : r > 0;
+}
+
+static int
+plugin_can_write (struct context *c)
+{
+  return can (p.can_write, c, api_version == 1 ? p._pwrite_v1 != NULL : p.pwrite != NULL);
+}
+
+static int
+plugin_can_flush (struct context *c)
+{
+  return can (p.can_flush, c, api_version == 1 ? p._flush_v1 != NULL : p.flush != NULL);
+}
+
+static int
+plugin_is_rotational (struct context *c)
+{
+  return can (p.is_rotational, c, 0);
+}
+
+static int
+plugin_can_trim (struct context *c)
+{
+  return can (p.can_trim, c, api_version == 1 ? p._trim_v1 != NULL : p.trim != NULL);
+}
 
 static bool
-valid_block_size (uint32_t min, uint32_t pref, uint32_t max)
+has_zero (void)
 {
-  bool pow2_min = min && !(min & (min - 1));
-  bool pow2_pref = pref && !(pref & (pref - 1));
-  return pow2_min && min <= 65536 && pow2_pref && pref >= 512 && pref <= 32 * 1024 * 1024
-         && (max == 0xffffffff || max % min == 0) && min <= pref && pref <= max;
+  return api_version == 1 ? p._zero_v1 != NULL : p.zero != NULL;
 }
 
 static int
-fetch_caps (struct plugin_conn *pc, bool readonly)
+plugin_can_zero (struct context *c)
 {
-  struct plugin_caps *c = &pc->caps;
+  /* A plugin without .zero is still offered WRITE_ZEROES: by pwrite. */
+  int r = can (p.can_zero, c, has_zero ());
+  if (r < 0)
+    return -1;
+  return r && has_zero () ? NBDKIT_ZERO_NATIVE : NBDKIT_ZERO_EMULATE;
+}
+
+static int
+plugin_can_fast_zero (struct context *c)
+{
+  if (p.can_fast_zero)
+    return can (p.can_fast_zero, c, 0);
+  /* With no native zero we can fail fast instead of writing zeros. */
+  return backend_can_zero (c) == NBDKIT_ZERO_EMULATE;
+}
+
+static int
+plugin_can_fua (struct context *c)
+{
   int r;
-
-  memset (c, 0, sizeof *c);
-  c->size = p.get_size (pc->handle);
-  if (c->size < 0)
-    return -1;
-
-  if ((r = CAN (can_write, api_version == 1 ? p._pwrite_v1 != NULL : p.pwrite != NULL)) < 0)
-    return -1;
-  c->can_write = r && !readonly;
-  if ((r = CAN (can_flush, api_version == 1 ? p._flush_v1 != NULL : p.flush != NULL)) < 0)
-    return -1;
-  c->can_flush = r;
-  if ((r = CAN (is_rotational, 0)) < 0)
-    return -1;
-  c->is_rotational = r;
-  if ((r = CAN (can_trim, api_version == 1 ? p._trim_v1 != NULL : p.trim != NULL)) < 0)
-    return -1;
-  c->can_trim = r && c->can_write;
-
-  bool has_zero = api_version == 1 ? p._zero_v1 != NULL : p.zero != NULL;
-  if (p.can_zero) {
-    if ((r = p.can_zero (pc->handle)) < 0)
-      return -1;
-    c->can_zero = r ? 2 : 1;
-  }
-  else
-    c->can_zero = has_zero ? 2 : 1;
-  if (p.can_fast_zero) {
-    if ((r = p.can_fast_zero (pc->handle)) < 0)
-      return -1;
-    c->can_fast_zero = r;
-  }
-  else
-    /* With no native zero we can fail fast instead of writing zeros. */
-    c->can_fast_zero = !has_zero || c->can_zero == 1;
-
   if (p.can_fua) {
-    if ((r = p.can_fua (pc->handle)) < 0)
+    if ((r = p.can_fua (c->handle)) < 0)
       return -1;
-    c->can_fua = r;
   }
   else
-    c->can_fua = c->can_flush ? NBDKIT_FUA_EMULATE : NBDKIT_FUA_NONE;
-  if (api_version == 1 && c->can_fua > NBDKIT_FUA_EMULATE)
-    c->can_fua = NBDKIT_FUA_EMULATE;
-  if (c->can_fua == NBDKIT_FUA_EMULATE && !c->can_flush)
-    c->can_fua = NBDKIT_FUA_NONE;
-
-  if ((r = CAN (can_multi_conn, 0)) < 0)
-    return -1;
-  c->can_multi_conn = r && thread_model != NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS;
-  if (p.can_cache) {
-    if ((r = p.can_cache (pc->handle)) < 0)
+    r = NBDKIT_FUA_EMULATE;
+  if (api_version == 1 && r > NBDKIT_FUA_EMULATE)
+    r = NBDKIT_FUA_EMULATE;
+  if (r == NBDKIT_FUA_EMULATE) {
+    int f = backend_can_flush (c);
+    if (f < 0)
       return -1;
-    c->can_cache = r;
+    if (!f)
+      r = NBDKIT_FUA_NONE;
   }
-  else
-    c->can_cache = p.cache ? NBDKIT_CACHE_NATIVE : NBDKIT_CACHE_NONE;
-  if ((r = CAN (can_extents, p.extents != NULL)) < 0)
-    return -1;
-  c->can_extents = r && p.extents;
-
-  if (p.block_size) {
-    uint32_t min, pref, max;
-    if (p.block_size (pc->handle, &min, &pref, &max) == -1)
-      return -1;
-    if (min || pref || max) {
-      if (!valid_block_size (min, pref, max)) {
-        nbdkit_error ("plugin returned invalid block size constraints %u/%u/%u",
-                      min, pref, max);
-        errno = EINVAL;
-        return -1;
-      }
-      c->block_min = min;
-      c->block_pref = pref;
-      c->block_max = max;
-    }
-  }
-  return 0;
-}
-
-int
-plugin_open (struct plugin_conn *pc, const char *export_name, bool readonly)
-{
-  pc->ctx.export_name = export_name;
-  lock_request (pc);
-  pc->handle = p.open (readonly);
-  if (!pc->handle) {
-    unlock_request (pc);
-    log_error ("plugin %s: open failed for export \"%s\"", p.name, export_name);
-    return -1;
-  }
-  int r = fetch_caps (pc, readonly);
-  unlock_request (pc);
-  if (r == -1) {
-    log_error ("plugin %s: querying the export failed", p.name);
-    plugin_close (pc);
-    return -1;
-  }
-  return 0;
-}
-
-void
-plugin_close (struct plugin_conn *pc)
-{
-  if (!pc->handle)
-    return;
-  lock_request (pc);
-  if (p.close)
-    p.close (pc->handle);
-  unlock_request (pc);
-  pc->handle = NULL;
-}
-
-const char *
-plugin_export_description (struct plugin_conn *pc)
-{
-  if (!p.export_description)
-    return NULL;
-  lock_request (pc);
-  const char *d = p.export_description (pc->handle);
-  unlock_request (pc);
-  return d;
-}
-
-/* ---- the request path ---------------------------------------------- */
-
-static int
-call_pread (struct plugin_conn *pc, void *buf, uint32_t count, uint64_t offset)
-{
-  int r = api_version == 1 ? p._pread_v1 (pc->handle, buf, count, offset)
-                           : p.pread (pc->handle, buf, count, offset, 0);
-  return r == -1 ? callback_error (errno) : 0;
+  return r;
 }
 
 static int
-call_flush (struct plugin_conn *pc)
+plugin_can_multi_conn (struct context *c)
+{
+  return can (p.can_multi_conn, c, 0);
+}
+
+static int
+plugin_can_cache (struct context *c)
+{
+  if (p.can_cache)
+    return p.can_cache (c->handle);
+  return p.cache ? NBDKIT_CACHE_NATIVE : NBDKIT_CACHE_NONE;
+}
+
+static int
+plugin_can_extents (struct context *c)
+{
+  return p.extents ? can (p.can_extents, c, 1) : 0;
+}
+
+/* ---- the request path: one plugin call each, no lock here (the stack's
+ * caller holds what the thread model asks for). ----------------------- */
+
+static int
+plugin_pread (struct context *c, void *buf, uint32_t count, uint64_t offset,
+              uint32_t flags, int *err)
+{
+  int r = api_version == 1 ? p._pread_v1 (c->handle, buf, count, offset)
+                           : p.pread (c->handle, buf, count, offset, 0);
+  return r == -1 ? fail (err, errno) : 0;
+}
+
+static int
+call_flush (struct context *c, int *err)
 {
   int r;
   if (api_version == 1)
-    r = p._flush_v1 ? p._flush_v1 (pc->handle) : 0;
+    r = p._flush_v1 ? p._flush_v1 (c->handle) : 0;
   else
-    r = p.flush ? p.flush (pc->handle, 0) : 0;
-  return r == -1 ? callback_error (errno) : 0;
+    r = p.flush ? p.flush (c->handle, 0) : 0;
+  return r == -1 ? fail (err, errno) : 0;
+}
+
+static int
+plugin_flush (struct context *c, uint32_t flags, int *err)
+{
+  return call_flush (c, err);
 }
 
 /* FUA the plugin cannot do natively becomes a flush after the write. */
-static int
-finish_fua (struct plugin_conn *pc, int err, bool fua)
+static inline bool
+fua_native (struct context *c, uint32_t flags)
 {
-  if (err || !fua || pc->caps.can_fua != NBDKIT_FUA_EMULATE)
-    return err;
-  return call_flush (pc);
+  return (flags & NBDKIT_FLAG_FUA) && c->can_fua == NBDKIT_FUA_NATIVE;
 }
 
-static uint32_t
-fua_flag (struct plugin_conn *pc, bool fua)
+static inline int
+finish_fua (struct context *c, int r, uint32_t flags, int *err)
 {
-  return fua && pc->caps.can_fua == NBDKIT_FUA_NATIVE ? NBDKIT_FLAG_FUA : 0;
-}
-
-int
-plugin_pread (struct plugin_conn *pc, void *buf, uint32_t count, uint64_t offset)
-{
-  lock_request (pc);
-  int err = call_pread (pc, buf, count, offset);
-  unlock_request (pc);
-  return err;
+  if (r == -1 || !(flags & NBDKIT_FLAG_FUA) || c->can_fua != NBDKIT_FUA_EMULATE)
+    return r;
+  return call_flush (c, err);
 }
 
 static int
-call_pwrite (struct plugin_conn *pc, const void *buf, uint32_t count,
-             uint64_t offset, bool fua)
+plugin_pwrite (struct context *c, const void *buf, uint32_t count, uint64_t offset,
+               uint32_t flags, int *err)
 {
-  int r = api_version == 1 ? p._pwrite_v1 (pc->handle, buf, count, offset)
-                           : p.pwrite (pc->handle, buf, count, offset, fua_flag (pc, fua));
-  return finish_fua (pc, r == -1 ? callback_error (errno) : 0, fua);
+  int r = api_version == 1
+    ? p._pwrite_v1 (c->handle, buf, count, offset)
+    : p.pwrite (c->handle, buf, count, offset, fua_native (c, flags) ? NBDKIT_FLAG_FUA : 0);
+  if (r == -1)
+    return fail (err, errno);
+  return finish_fua (c, 0, flags, err);
 }
 
-int
-plugin_pwrite (struct plugin_conn *pc, const void *buf, uint32_t count,
-               uint64_t offset, bool fua)
+static int
+plugin_trim (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
-  if (!pc->caps.can_write)
-    return EROFS;
-  lock_request (pc);
-  int err = call_pwrite (pc, buf, count, offset, fua);
-  unlock_request (pc);
-  return err;
+  int r = api_version == 1
+    ? p._trim_v1 (c->handle, count, offset)
+    : p.trim (c->handle, count, offset, fua_native (c, flags) ? NBDKIT_FLAG_FUA : 0);
+  if (r == -1)
+    return fail (err, errno);
+  return finish_fua (c, 0, flags, err);
 }
 
-int
-plugin_flush (struct plugin_conn *pc)
+static int
+plugin_zero (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
-  if (!pc->caps.can_flush)
-    return EINVAL;
-  lock_request (pc);
-  int err = call_flush (pc);
-  unlock_request (pc);
-  return err;
-}
-
-int
-plugin_trim (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua)
-{
-  if (!pc->caps.can_trim)
-    return EINVAL;
-  lock_request (pc);
-  int r = api_version == 1 ? p._trim_v1 (pc->handle, count, offset)
-                           : p.trim (pc->handle, count, offset, fua_flag (pc, fua));
-  int err = finish_fua (pc, r == -1 ? callback_error (errno) : 0, fua);
-  unlock_request (pc);
-  return err;
-}
-
-int
-plugin_zero (struct plugin_conn *pc, uint32_t count, uint64_t offset,
-             bool may_trim, bool fua, bool fast)
-{
-  int err;
-
-  if (!pc->caps.can_write)
-    return EROFS;
-  if (fast && !pc->caps.can_fast_zero)
-    return EINVAL;
-  lock_request (pc);
-  if (pc->caps.can_zero == 2) {
-    bool has_v2 = api_version == 2 && p.zero;
-    int r;
-    errno = 0;
-    if (has_v2)
-      r = p.zero (pc->handle, count, offset,
-                  (may_trim ? NBDKIT_FLAG_MAY_TRIM : 0) | fua_flag (pc, fua)
-                  | (fast ? NBDKIT_FLAG_FAST_ZERO : 0));
-    else
-      r = p._zero_v1 (pc->handle, count, offset, may_trim);
-    if (r == 0) {
-      err = finish_fua (pc, 0, fua);
-      goto out;
-    }
-    err = callback_error (errno);
-    /* ENOTSUP means "do it the slow way", unless the client asked for fast. */
-    if ((err != ENOTSUP && err != EOPNOTSUPP) || fast) {
-      if (fast && (err == EOPNOTSUPP))
-        err = ENOTSUP;
-      goto out;
-    }
+  bool fast = flags & NBDKIT_FLAG_FAST_ZERO;
+  int r;
+  errno = 0;
+  if (api_version == 2)
+    r = p.zero (c->handle, count, offset,
+                (flags & (NBDKIT_FLAG_MAY_TRIM | NBDKIT_FLAG_FAST_ZERO))
+                | (fua_native (c, flags) ? NBDKIT_FLAG_FUA : 0));
+  else
+    r = p._zero_v1 (c->handle, count, offset, !!(flags & NBDKIT_FLAG_MAY_TRIM));
+  if (r == 0)
+    return finish_fua (c, 0, flags, err);
+  *err = callback_error (errno);
+  /* ENOTSUP means "do it the slow way", unless the client asked for fast. */
+  if (*err != ENOTSUP && *err != EOPNOTSUPP)
+    return -1;
+  if (fast) {
+    *err = ENOTSUP;
+    return -1;
   }
-  else if (fast) {
-    err = ENOTSUP;
-    goto out;
-  }
-  /* Emulate with pwrite from a shared zero buffer. */
-  err = 0;
-  while (count > 0 && !err) {
+  while (count > 0) {
     uint32_t n = count < ZERO_BUF_SIZE ? count : ZERO_BUF_SIZE;
-    err = call_pwrite (pc, zero_buf, n, offset, fua && n == count);
+    uint32_t wflags = (flags & NBDKIT_FLAG_FUA) && n == count ? NBDKIT_FLAG_FUA : 0;
+    if (plugin_pwrite (c, zero_buf, n, offset, wflags, err) == -1)
+      return -1;
     count -= n;
     offset += n;
   }
-out:
-  unlock_request (pc);
-  return err;
+  return 0;
 }
 
-int
-plugin_cache (struct plugin_conn *pc, uint32_t count, uint64_t offset)
+static int
+plugin_cache (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
-  int err = 0;
-
-  if (pc->caps.can_cache == NBDKIT_CACHE_NONE)
-    return EINVAL;
-  lock_request (pc);
-  if (pc->caps.can_cache == NBDKIT_CACHE_NATIVE) {
-    if (p.cache && p.cache (pc->handle, count, offset, 0) == -1)
-      err = callback_error (errno);
-  }
-  else {
-    /* Emulate by reading into a scratch buffer and dropping the data. */
-    void *scratch = malloc (count < ZERO_BUF_SIZE ? count : ZERO_BUF_SIZE);
-    if (!scratch)
-      err = ENOMEM;
-    while (!err && count > 0) {
-      uint32_t n = count < ZERO_BUF_SIZE ? count : ZERO_BUF_SIZE;
-      err = call_pread (pc, scratch, n, offset);
-      count -= n;
-      offset += n;
-    }
-    free (scratch);
-  }
-  unlock_request (pc);
-  return err;
+  if (p.cache && p.cache (c->handle, count, offset, 0) == -1)
+    return fail (err, errno);
+  return 0;
 }
 
-int
-plugin_extents (struct plugin_conn *pc, uint32_t count, uint64_t offset,
-                bool req_one, struct nbdkit_extents *e)
+static int
+plugin_extents (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                struct nbdkit_extents *e, int *err)
 {
-  if (!pc->caps.can_extents) {
-    /* No extents support: everything is data. */
-    return nbdkit_add_extent (e, offset, count, 0) == -1 ? errno : 0;
-  }
-  lock_request (pc);
-  int r = p.extents (pc->handle, count, offset, req_one ? NBDKIT_FLAG_REQ_ONE : 0, e);
-  int err = r == -1 ? callback_error (errno) : 0;
-  unlock_request (pc);
+  size_t before = e->len;
+  if (p.extents (c->handle, count, offset, flags & NBDKIT_FLAG_REQ_ONE, e) == -1)
+    return fail (err, errno);
   /* A plugin that added nothing broke the contract; nbdkit says EINVAL. */
-  if (!err && e->len == 0)
-    err = EINVAL;
-  return err;
+  if (e->len == before) {
+    nbdkit_error ("extents: plugin must return at least one extent");
+    *err = EINVAL;
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- the layer ------------------------------------------------------ */
+
+static struct backend layer = {
+  .type = "plugin",
+  .thread_model = plugin_thread_model,
+  .magic_config_key = plugin_magic_config_key,
+  .config = plugin_config,
+  .config_complete = plugin_config_complete,
+  .get_ready = plugin_get_ready,
+  .after_fork = plugin_after_fork,
+  .cleanup = plugin_cleanup,
+  .unload = plugin_unload,
+  .dump = plugin_dump,
+  .preconnect = plugin_preconnect,
+  .list_exports = plugin_list_exports,
+  .default_export = plugin_default_export,
+  .open = plugin_open,
+  .prepare = plugin_prepare,
+  .finalize = plugin_finalize,
+  .close = plugin_close,
+  .get_size = plugin_get_size,
+  .export_description = plugin_export_description,
+  .block_size = plugin_block_size,
+  .can_write = plugin_can_write,
+  .can_flush = plugin_can_flush,
+  .is_rotational = plugin_is_rotational,
+  .can_trim = plugin_can_trim,
+  .can_zero = plugin_can_zero,
+  .can_fast_zero = plugin_can_fast_zero,
+  .can_extents = plugin_can_extents,
+  .can_fua = plugin_can_fua,
+  .can_multi_conn = plugin_can_multi_conn,
+  .can_cache = plugin_can_cache,
+  .pread = plugin_pread,
+  .pwrite = plugin_pwrite,
+  .flush = plugin_flush,
+  .trim = plugin_trim,
+  .zero = plugin_zero,
+  .extents = plugin_extents,
+  .cache = plugin_cache,
+};
+
+struct backend *
+plugin_layer_load (const char *name)
+{
+  if (plugin_open_dl (name) == -1) {
+    plugin_unload (&layer);
+    return NULL;
+  }
+  if (p.load)
+    p.load ();
+  loaded = true;
+  layer.next = NULL;
+  layer.i = 0;
+  layer.inline_safe = false;
+  for (int i = 0; inline_plugins[i]; i++)
+    if (strcmp (p.name, inline_plugins[i]) == 0)
+      layer.inline_safe = true;
+  zero_buf = calloc (1, ZERO_BUF_SIZE);
+  if (!zero_buf) {
+    fprintf (stderr, "blkd: out of memory\n");
+    plugin_unload (&layer);
+    return NULL;
+  }
+  return &layer;
+}
+
+/* nbdkit's plugin usage, printed after the server's for PLUGIN --help:
+ * name (longname), path, description, config_help. */
+int
+plugin_help (const char *name)
+{
+  if (!plugin_layer_load (name)) {
+    plugin_unload (&layer);
+    return -1;
+  }
+  printf ("plugin: %s", p.name);
+  if (p.longname)
+    printf (" (%s)", p.longname);
+  printf ("\n(%s)\n", layer.filename);
+  const char *const texts[] = { p.description, p.config_help };
+  for (size_t i = 0; i < 2; i++) {
+    size_t n = texts[i] ? strlen (texts[i]) : 0;
+    if (n)
+      printf ("%s%s", texts[i], texts[i][n - 1] == '\n' ? "" : "\n");
+  }
+  fflush (stdout);
+  plugin_unload (&layer);
+  public_release_global ();
+  return 0;
 }
 
 /* ---- lending (blkd's extension) ------------------------------------ */
@@ -761,12 +667,12 @@ plugin_extents (struct plugin_conn *pc, uint32_t count, uint64_t offset,
    && ext->field)
 
 /* Lending hands the plugin's memory straight to the socket, so only a
- * plugin right below the protocol may lend: a cache in between must see
- * (and keep) the data, so it copies. */
+ * plugin that is the whole stack may lend: a filter or the cache in
+ * between must see (and maybe keep) the data, so the stack copies. */
 static bool
 lend_direct (void)
 {
-  return cfg.cache_size == 0;
+  return backend_top == &layer;
 }
 
 bool
@@ -775,17 +681,17 @@ plugin_can_lend (void)
   return lend_direct () && EXT_HAS (lend_pread) && EXT_HAS (lend_release);
 }
 
+/* The request's lock is held (protocol_execute): no lock here. */
 int
-plugin_pread_lend (struct plugin_conn *pc, uint32_t count, uint64_t offset,
+plugin_pread_lend (struct backend_conn *bc, uint32_t count, uint64_t offset,
                    struct blkd_lend *l)
 {
   if (!plugin_can_lend ())
     return ENOTSUP;
   l->n = 0;
-  lock_request (pc);
-  int r = ext->lend_pread (pc->handle, count, offset, 0, l);
+  public_last_error = 0;
+  int r = ext->lend_pread (bc->top->handle, count, offset, 0, l);
   int err = r == -1 ? callback_error (errno) : 0;
-  unlock_request (pc);
   if (err)
     return err == EOPNOTSUPP ? ENOTSUP : err;
   atomic_fetch_add (&lend_stats.lent_bytes, count);
@@ -800,47 +706,58 @@ plugin_lend_release (void *const *token, unsigned n, uint32_t bytes)
   atomic_fetch_sub (&lend_stats.lent_bytes, bytes);
 }
 
+/* The request's lock is held (protocol_execute). */
 int
-plugin_pread_fd (struct plugin_conn *pc, uint32_t count, uint64_t offset, int *fd,
+plugin_pread_fd (struct backend_conn *bc, uint32_t count, uint64_t offset, int *fd,
                  uint64_t *file_offset)
 {
   if (!lend_direct () || !EXT_HAS (pread_fd))
     return ENOTSUP;
-  lock_request (pc);
-  int r = ext->pread_fd (pc->handle, count, offset, 0, fd, file_offset);
+  public_last_error = 0;
+  int r = ext->pread_fd (bc->top->handle, count, offset, 0, fd, file_offset);
   int err = r == -1 ? callback_error (errno) : 0;
-  unlock_request (pc);
   if (!err)
     atomic_fetch_add (&lend_stats.sendfile_replies, 1);
   return err == EOPNOTSUPP ? ENOTSUP : err;
 }
 
+/* While the request is parsed, outside protocol_execute: takes the lock. */
 int
-plugin_pwrite_place (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua,
+plugin_pwrite_place (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
                      struct blkd_lend *dst)
 {
   if (!lend_direct () || !EXT_HAS (pwrite_place) || !EXT_HAS (pwrite_commit))
     return ENOTSUP;
-  if (!pc->caps.can_write)
+  if (!bc->caps.can_write)
     return EROFS;
   dst->n = 0;
-  lock_request (pc);
-  int r = ext->pwrite_place (pc->handle, count, offset, fua_flag (pc, fua), dst);
+  backend_lock_request (bc);
+  int r = ext->pwrite_place (bc->top->handle, count, offset,
+                             fua_native (bc->top, fua ? NBDKIT_FLAG_FUA : 0)
+                             ? NBDKIT_FLAG_FUA : 0, dst);
   int err = r == -1 ? callback_error (errno) : 0;
-  unlock_request (pc);
+  backend_unlock_request (bc);
   if (!err)
     atomic_fetch_add (&lend_stats.placed_bytes, count);
   return err == EOPNOTSUPP ? ENOTSUP : err;
 }
 
+/* The request's lock is held (protocol_execute, or protocol_release's
+ * discard, which takes it). */
 int
-plugin_pwrite_commit (struct plugin_conn *pc, uint32_t count, uint64_t offset, bool fua,
+plugin_pwrite_commit (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
                       struct blkd_lend *dst, bool ok)
 {
-  lock_request (pc);
-  int r = ext->pwrite_commit (pc->handle, count, offset, fua_flag (pc, fua), dst, ok);
-  int err = finish_fua (pc, r == -1 ? callback_error (errno) : 0, fua && ok);
-  unlock_request (pc);
+  struct context *c = bc->top;
+  uint32_t flags = fua && ok ? NBDKIT_FLAG_FUA : 0;
+  int err = 0;
+  public_last_error = 0;
+  int r = ext->pwrite_commit (c->handle, count, offset,
+                              fua_native (c, flags) ? NBDKIT_FLAG_FUA : 0, dst, ok);
+  if (r == -1)
+    err = callback_error (errno);
+  else if (finish_fua (c, 0, flags, &err) == -1 && !err)
+    err = EIO;
   atomic_fetch_sub (&lend_stats.placed_bytes, count);
   if (ok && !err)
     atomic_fetch_add (&lend_stats.placed_writes, 1);

@@ -1,16 +1,13 @@
-/* Transmission phase: parse and validate requests, run them against the
- * plugin, build simple or structured replies, and map errno to NBD errors. */
+/* Transmission phase: parse and validate requests, run them on the layer
+ * stack (backend_* on the connection's outermost context), build simple or
+ * structured replies, and map errno to NBD errors. */
 #include <endian.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define NBDKIT_API_VERSION 2
-#include <nbdkit-plugin.h>
-
+#include "backend.h"
 #include "blkd-plugin.h"
-#include "internal.h"
-#include "cache.h"
 #include "delayacct.h"
 
 /* Below this, a read is not worth an extents query to find holes in it. */
@@ -104,7 +101,7 @@ protocol_nbd_error (int err, const struct request *r)
 int
 protocol_validate (struct conn *c, const struct request *r)
 {
-  const struct plugin_caps *k = &c->pc.caps;
+  const struct backend_caps *k = &c->pc.caps;
   uint64_t size = (uint64_t) k->size;
   bool writable = k->can_write && !cfg.readonly;
   uint16_t allowed = NBD_CMD_FLAG_FUA;
@@ -116,7 +113,9 @@ protocol_validate (struct conn *c, const struct request *r)
     break;
   case NBD_CMD_WRITE_ZEROES:
     allowed |= NBD_CMD_FLAG_NO_HOLE;
-    if (k->can_fast_zero)
+    /* Read-only: every write-like request gets EPERM, whatever its flags
+     * (the stack reports no fast zero on a read-only context). */
+    if (k->can_fast_zero || !writable)
       allowed |= NBD_CMD_FLAG_FAST_ZERO;
     break;
   case NBD_CMD_BLOCK_STATUS:
@@ -261,6 +260,25 @@ put_read_reply (struct request *r, const struct read_piece *pc, unsigned n)
 
 /* ---- execution (shard thread or worker) ---------------------------- */
 
+/* The stack's calls as errno results (0: done).  r->flags were validated
+ * against what the top context advertised, so they pass straight down.
+ * (`call == -1 ? err : 0`: the ?: orders the call before err is read.) */
+static inline int
+top_pread (struct conn *c, void *buf, uint32_t count, uint64_t offset)
+{
+  int err = 0;
+  return backend_pread (c->pc.top, buf, count, offset, 0, &err) == -1 ? err : 0;
+}
+
+static inline int
+top_extents (struct conn *c, uint32_t count, uint64_t offset, bool req_one,
+             struct nbdkit_extents *e)
+{
+  int err = 0;
+  return backend_extents (c->pc.top, count, offset, req_one ? NBDKIT_FLAG_REQ_ONE : 0,
+                          e, &err) == -1 ? err : 0;
+}
+
 /* Split a structured read into data and hole pieces using the plugin's
  * extents, so holes go out as 12-byte OFFSET_HOLE chunks instead of
  * zeros, and the plugin is not asked to read them.  Returns the number of
@@ -275,7 +293,7 @@ plan_sparse_read (struct request *r, struct read_piece *pc)
   struct nbdkit_extents *e = public_extents_new (r->offset, end);
   if (!e)
     return 0;
-  if (cache_extents (&c->pc, r->count, r->offset, false, e) != 0) {
+  if (top_extents (c, r->count, r->offset, false, e) != 0) {
     public_extents_free (e);
     return 0;                       /* only an optimisation: read it all */
   }
@@ -387,7 +405,9 @@ protocol_release (struct request *r)
     r->nlent = 0;
     log_debug ("WRITE offset %llu count %u: payload incomplete, discarded",
                (unsigned long long) r->offset, r->count);
+    backend_lock_request (&c->pc);  /* outside protocol_execute */
     plugin_pwrite_commit (&c->pc, r->count, r->offset, false, &dst, false);
+    backend_unlock_request (&c->pc);
   }
   else if (r->nlent) {
     plugin_lend_release (r->lent_token, r->nlent, r->lent_bytes);
@@ -406,7 +426,7 @@ do_read (struct request *r)
    * every page up to the next hole, which made 256k reads of a full 1 GiB
    * file 40x slower.  "auto" asks only in-memory plugins. */
   bool sparse = cfg.sparse_reads == SPARSE_READS_YES
-    || (cfg.sparse_reads == SPARSE_READS_AUTO && plugin_inline_safe ());
+    || (cfg.sparse_reads == SPARSE_READS_AUTO && backend_inline_safe ());
   if (c->structured && sparse && !(r->flags & NBD_CMD_FLAG_DF)
       && c->pc.caps.can_extents && r->count >= SPARSE_READ_MIN)
     n = plan_sparse_read (r, pc);
@@ -414,7 +434,7 @@ do_read (struct request *r)
     int err = read_lent (r);
     if (err != ENOTSUP)
       return err;
-    err = cache_pread (&c->pc, r->buf->data, r->count, r->offset);
+    err = top_pread (c, r->buf->data, r->count, r->offset);
     if (!err) {
       struct read_piece whole = { r->offset, r->count, false };
       put_read_reply (r, &whole, 1);
@@ -424,8 +444,8 @@ do_read (struct request *r)
   for (unsigned i = 0; i < n; i++) {
     if (pc[i].hole)
       continue;
-    int err = cache_pread (&c->pc, (char *) r->buf->data + (pc[i].offset - r->offset),
-                            pc[i].length, pc[i].offset);
+    int err = top_pread (c, (char *) r->buf->data + (pc[i].offset - r->offset),
+                         pc[i].length, pc[i].offset);
     if (err)
       return err;
   }
@@ -443,7 +463,7 @@ do_block_status (struct request *r)
   struct nbdkit_extents *e = public_extents_new (r->offset, (uint64_t) c->pc.caps.size);
   if (!e)
     return ENOMEM;
-  int err = cache_extents (&c->pc, r->count, r->offset, req_one, e);
+  int err = top_extents (c, r->count, r->offset, req_one, e);
   if (err) {
     public_extents_free (e);
     return err;
@@ -480,12 +500,15 @@ void
 protocol_execute (struct request *r)
 {
   struct conn *c = r->conn;
-  struct plugin_conn *pc = &c->pc;
-  bool fua = r->flags & NBD_CMD_FLAG_FUA;
-  int err;
+  struct context *top = c->pc.top;
+  /* FUA on an export that did not advertise it is ignored, as before. */
+  uint32_t fua = (r->flags & NBD_CMD_FLAG_FUA) && c->pc.caps.can_fua != NBDKIT_FUA_NONE
+                 ? NBDKIT_FLAG_FUA : 0;
+  int err = 0;
 
   log_current = &c->log;
   uint64_t t0 = delayacct_plugin_begin (r);
+  backend_lock_request (&c->pc);    /* the whole request, every layer */
   switch (r->type) {
   case NBD_CMD_READ:
     err = do_read (r);
@@ -496,30 +519,33 @@ protocol_execute (struct request *r)
                                .n = r->nlent };
       r->placed = false;            /* the plugin owns the pieces again */
       r->nlent = 0;
-      err = plugin_pwrite_commit (pc, r->count, r->offset, fua, &dst, true);
+      err = plugin_pwrite_commit (&c->pc, r->count, r->offset, fua, &dst, true);
     }
     else
-      err = cache_pwrite (pc, r->buf->data, r->count, r->offset, fua);
+      err = backend_pwrite (top, r->buf->data, r->count, r->offset, fua, &err) == -1 ? err : 0;
     break;
   case NBD_CMD_FLUSH:
-    err = cache_flush (pc);
+    err = backend_flush (top, 0, &err) == -1 ? err : 0;
     break;
   case NBD_CMD_TRIM:
-    err = cache_trim (pc, r->count, r->offset, fua);
+    err = backend_trim (top, r->count, r->offset, fua, &err) == -1 ? err : 0;
     break;
   case NBD_CMD_CACHE:
-    err = cache_cache (pc, r->count, r->offset);
+    err = backend_cache (top, r->count, r->offset, 0, &err) == -1 ? err : 0;
     break;
-  case NBD_CMD_WRITE_ZEROES:
-    err = cache_zero (pc, r->count, r->offset, !(r->flags & NBD_CMD_FLAG_NO_HOLE), fua,
-                       r->flags & NBD_CMD_FLAG_FAST_ZERO);
+  case NBD_CMD_WRITE_ZEROES: {
+    uint32_t f = fua | (r->flags & NBD_CMD_FLAG_NO_HOLE ? 0 : NBDKIT_FLAG_MAY_TRIM)
+                 | (r->flags & NBD_CMD_FLAG_FAST_ZERO ? NBDKIT_FLAG_FAST_ZERO : 0);
+    err = backend_zero (top, r->count, r->offset, f, &err) == -1 ? err : 0;
     break;
+  }
   case NBD_CMD_BLOCK_STATUS:
     err = do_block_status (r);
     break;
   default:
     err = EINVAL;
   }
+  backend_unlock_request (&c->pc);
   delayacct_plugin_end (r, t0);
   r->error = err;
   if (err) {

@@ -15,19 +15,24 @@
  *   nbdkit_vprintf_intern
  *   nbdkit_add_extent nbdkit_extents_free
  *   nbdkit_add_export nbdkit_use_default_export nbdkit_exports_free
+ * and, for filters (nbdkit-filter.h):
+ *   nbdkit_extents_new nbdkit_extents_count nbdkit_get_extent
+ *   nbdkit_extents_full nbdkit_extents_aligned
+ *   nbdkit_exports_new nbdkit_exports_count nbdkit_get_export
  * For the core only (server/public.h): public_current, public_config_done,
  * public_shutdown_hook, public_last_error, public_take_error,
  * public_begin_shutdown, public_shutdown_requested, public_conn_ctx_release,
  * public_release_global, public_extents_new/free, public_exports_new/free,
  * public_exports_add_name.
- * The filter-only constructors, iterators and next-context functions are
- * deliberately absent: blkd hosts plugins, not filters.
+ * Also for filters: nbdkit_next_context_open nbdkit_next_context_close
+ *   nbdkit_context_get_backend nbdkit_context_set_next (thin: the layer
+ *   stack in backend.c does the work).
  */
 
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
-/* Only for the prototypes of nbdkit_extents_free/nbdkit_exports_free, which
- * plugins import although nbdkit declares them for filters. */
+/* The extents/exports helpers filters call, and nbdkit_extents_free/
+ * nbdkit_exports_free, which plugins import too. */
 #include <nbdkit-filter.h>
 
 #include <errno.h>
@@ -1012,6 +1017,176 @@ nbdkit_add_extent (struct nbdkit_extents *e,
   return 0;
 }
 
+API struct nbdkit_extents *
+nbdkit_extents_new (uint64_t start, uint64_t end)
+{
+  return public_extents_new (start, end);
+}
+
+API size_t
+nbdkit_extents_count (const struct nbdkit_extents *e)
+{
+  return e->len;
+}
+
+/* nbdkit asserts on an index past the count; a filter that does it is
+ * broken, and carrying on would hand it memory past the array. */
+static void __attribute__((noreturn))
+public_index_abort (const char *fn, size_t i, size_t len)
+{
+  log_error ("%s: index %zu out of range (count %zu): "
+             "filter bug, aborting", fn, i, len);
+  abort ();
+}
+
+API struct nbdkit_extent
+nbdkit_get_extent (const struct nbdkit_extents *e, size_t i)
+{
+  if (i >= e->len)
+    public_index_abort ("nbdkit_get_extent", i, e->len);
+  return (struct nbdkit_extent) {
+    .offset = e->v[i].offset, .length = e->v[i].length, .type = e->v[i].type,
+  };
+}
+
+/* Asks `next` for one extents list, failing with EIO when it answered
+ * nothing: the caller would otherwise loop without progress (nbdkit
+ * asserts there instead). */
+static int
+extents_ask (nbdkit_next *next, uint32_t count, uint64_t offset,
+             uint32_t flags, struct nbdkit_extents *e, int *err)
+{
+  if (next->extents (next, count, offset, flags, e, err) == -1)
+    return -1;
+  if (e->len == 0) {
+    nbdkit_error ("extents: the layer below returned no extent at offset %"
+                  PRIu64, offset);
+    *err = EIO;
+    return -1;
+  }
+  return 0;
+}
+
+/* Every extent of [offset, offset+count), asking `next` as many times as
+ * it takes (a plugin may answer only a prefix).  REQ_ONE is cleared so the
+ * layer below answers as much as it is willing to per call. */
+API struct nbdkit_extents *
+nbdkit_extents_full (nbdkit_next *next, uint32_t count, uint64_t offset,
+                     uint32_t flags, int *err)
+{
+  struct nbdkit_extents *ret, *t = NULL;
+
+  flags &= ~NBDKIT_FLAG_REQ_ONE;
+  ret = public_extents_new (offset, offset + count);
+  if (ret == NULL)
+    goto err_errno;
+  while (count > 0) {
+    t = public_extents_new (offset, offset + count);
+    if (t == NULL)
+      goto err_errno;
+    if (extents_ask (next, count, offset, flags, t, err) == -1)
+      goto err;
+    /* t is clipped to [offset, offset+count), so each extent fits. */
+    for (size_t i = 0; i < t->len; i++) {
+      if (nbdkit_add_extent (ret, t->v[i].offset, t->v[i].length,
+                             t->v[i].type) == -1)
+        goto err_errno;
+      offset += t->v[i].length;
+      count -= t->v[i].length;
+    }
+    public_extents_free (t);
+    t = NULL;
+  }
+  return ret;
+
+ err_errno:
+  *err = errno;
+ err:
+  public_extents_free (t);
+  public_extents_free (ret);
+  return NULL;
+}
+
+/* Fills `e` for [offset, offset+count) with extents whose lengths are all
+ * multiples of `align`, for a filter whose own granularity is `align`
+ * (blocksize, cacheextents...).  nbdkit's rule: an unaligned extent past
+ * the first block is rounded down and the list ends there; an unaligned
+ * first block is merged with what follows until it covers `align` bytes,
+ * its type being the AND of the merged types (a block is a hole or zero
+ * only if all of it is), asking `next` again if the list runs out. */
+API int
+nbdkit_extents_aligned (nbdkit_next *next, uint32_t count, uint64_t offset,
+                        uint32_t flags, uint32_t align,
+                        struct nbdkit_extents *e, int *err)
+{
+  /* nbdkit asserts these; a bad filter gets EINVAL here instead. */
+  if (align == 0 || (align & (align - 1)) != 0 ||
+      ((count | offset) & (align - 1)) != 0) {
+    nbdkit_error ("nbdkit_extents_aligned: count %" PRIu32 " offset %"
+                  PRIu64 " not aligned to %" PRIu32 " (or not a power of 2)",
+                  count, offset, align);
+    *err = EINVAL;
+    return -1;
+  }
+  if (next->extents (next, count, offset, flags, e, err) == -1)
+    return -1;
+
+  for (size_t i = 0; i < e->len; i++) {
+    struct public_extent *x = &e->v[i];
+
+    if ((x->length & (align - 1)) == 0)
+      continue;
+    if (x->offset + x->length > offset + align) {
+      /* Keep the aligned part; the client asks again for the rest. */
+      x->length &= ~(uint64_t) (align - 1);
+      e->len = i + (x->length != 0);
+      e->next = x->offset + x->length;
+      return 0;
+    }
+    /* Only the first extent can end inside the first block: every later
+     * one starts at or past offset + align. */
+    while (x->length < align) {
+      if (e->len > 1) {
+        x->length += e->v[1].length;
+        x->type &= e->v[1].type;
+        memmove (&e->v[1], &e->v[2], (e->len - 2) * sizeof e->v[0]);
+        e->len--;
+      }
+      else {
+        /* The layer below needs a fresh container; its answer becomes
+         * ours, with our partial first extent folded into its first. */
+        struct nbdkit_extents *t;
+        struct public_extent *tv;
+        size_t tlen, tcap;
+
+        t = public_extents_new (x->offset + x->length, offset + align);
+        if (t == NULL) {
+          *err = errno;
+          return -1;
+        }
+        if (extents_ask (next, align - x->length, x->offset + x->length,
+                         flags & ~NBDKIT_FLAG_REQ_ONE, t, err) == -1) {
+          public_extents_free (t);
+          return -1;
+        }
+        t->v[0].offset = x->offset;
+        t->v[0].length += x->length;
+        t->v[0].type &= x->type;
+        tv = t->v, tlen = t->len, tcap = t->cap;
+        t->v = e->v, t->len = e->len, t->cap = e->cap;
+        e->v = tv, e->len = tlen, e->cap = tcap;
+        public_extents_free (t);
+        x = &e->v[0];
+      }
+    }
+    x->length = align;
+    e->len = 1;
+    e->next = x->offset + x->length;
+    return 0;
+  }
+  return 0;
+}
+
 /* ---- Exports ----------------------------------------------------------- */
 
 struct nbdkit_exports *
@@ -1041,6 +1216,28 @@ API void
 nbdkit_exports_free (struct nbdkit_exports *x)
 {
   public_exports_free (x);
+}
+
+API struct nbdkit_exports *
+nbdkit_exports_new (void)
+{
+  return public_exports_new ();
+}
+
+API size_t
+nbdkit_exports_count (const struct nbdkit_exports *x)
+{
+  return x->len;
+}
+
+API struct nbdkit_export
+nbdkit_get_export (const struct nbdkit_exports *x, size_t i)
+{
+  if (i >= x->len)
+    public_index_abort ("nbdkit_get_export", i, x->len);
+  return (struct nbdkit_export) {
+    .name = x->v[i].name, .description = x->v[i].description,
+  };
 }
 
 API int
@@ -1107,4 +1304,44 @@ nbdkit_use_default_export (struct nbdkit_exports *x)
 {
   x->use_default = true;
   return 0;
+}
+
+/* ---- contexts, for filters (the work is in backend.c) ---------------- */
+
+/* backend.h cannot be included here: it makes nbdkit_next our struct
+ * context, while this file sees nbdkit's opaque types. */
+struct backend;
+struct context;
+struct context *backend_next_context_open (struct backend *b, int readonly,
+                                           const char *exportname, int shared);
+void backend_close (struct context *c);
+struct backend *backend_context_below (struct context *c);
+struct context *backend_context_swap_next (struct context *c, struct context *next);
+
+API nbdkit_next *
+nbdkit_next_context_open (nbdkit_backend *backend, int readonly,
+                          const char *exportname, int shared)
+{
+  return (nbdkit_next *) backend_next_context_open ((struct backend *) backend, readonly,
+                                                    exportname, shared);
+}
+
+API void
+nbdkit_next_context_close (nbdkit_next *next)
+{
+  if (next)
+    backend_close ((struct context *) next);
+}
+
+API nbdkit_backend *
+nbdkit_context_get_backend (nbdkit_context *context)
+{
+  return (nbdkit_backend *) backend_context_below ((struct context *) context);
+}
+
+API nbdkit_next *
+nbdkit_context_set_next (nbdkit_context *context, nbdkit_next *next)
+{
+  return (nbdkit_next *) backend_context_swap_next ((struct context *) context,
+                                                    (struct context *) next);
 }

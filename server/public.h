@@ -11,11 +11,13 @@
  * public_current at the connection's context around every plugin call
  * (shard thread or worker); NULL outside a connection. */
 struct public_intern;                 /* list of strings made by *_intern */
+struct backend_conn;                  /* internal.h */
 struct public_conn_ctx {
   const char *export_name;            /* NULL before the client named one */
   bool is_tls;
   int peer_fd;                        /* socket, for getpeername/SO_PEERCRED */
   struct public_intern *interns;      /* freed by public_conn_ctx_release */
+  struct backend_conn *owner;         /* the connection; NULL: none (a shared context) */
 };
 extern __thread struct public_conn_ctx *public_current;
 

@@ -27,6 +27,7 @@
  *   record per SSL_write. */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,10 +95,24 @@ struct psk_entry {
   size_t keylen;
 };
 
+/* One reading of the --tls-psk file.  It hangs off the SSL_CTX built with
+ * it (ex_data slot psk_index), so a session finds the keys of the context
+ * it was created from, and the psk_identity it points into lives as long
+ * as that context: SSL_new holds a reference until SSL_free. */
+struct psk_table {
+  struct psk_entry *v;
+  size_t n;
+};
+
+/* The context new handshakes start from.  tls_reload (SIGHUP, main thread)
+ * builds a complete new one and swaps the pointer under ctx_lock; shard
+ * threads take a reference under the same lock in tls_start.  A context is
+ * freed by whoever drops its last reference: the reload for an idle one,
+ * else the SSL_free of the last session begun on it. */
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static SSL_CTX *ctx;
-static struct psk_entry *psks;
-static size_t npsks;
-static bool have_certs;
+static int psk_index = -1;
+static bool have_certs;           /* --tls-certificates given (fixed at start-up) */
 static bool ktls_kernel;          /* the kernel accepted TCP_ULP "tls" */
 static uint64_t rekey_records = TLS_REKEY_RECORDS;
 
@@ -107,7 +122,7 @@ static uint64_t rekey_records = TLS_REKEY_RECORDS;
 static const char *
 ssl_error_text (void)
 {
-  static char buf[256];
+  static __thread char buf[256];  /* shards, and the main thread on SIGHUP */
   unsigned long e = ERR_get_error ();
   if (e == 0)
     return "unknown error";
@@ -125,19 +140,45 @@ hexval (int ch)
   return -1;
 }
 
-/* psktool's format: one "identity:hexkey" per line. */
-static int
-load_psk_file (const char *path)
+static void
+psk_table_free (struct psk_table *tab)
 {
+  if (!tab)
+    return;
+  for (size_t i = 0; i < tab->n; i++) {
+    OPENSSL_cleanse (tab->v[i].key, tab->v[i].keylen);
+    free (tab->v[i].key);
+    free (tab->v[i].identity);
+  }
+  free (tab->v);
+  free (tab);
+}
+
+/* ex_data destructor: the context holding the table is being freed. */
+static void
+psk_table_ex_free (void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl,
+                   void *argp)
+{
+  psk_table_free (ptr);
+}
+
+/* psktool's format: one "identity:hexkey" per line, into tab.  Messages go
+ * through the log: on SIGHUP this runs in a daemon whose stderr may lead
+ * nowhere. */
+static int
+load_psk_file (const char *path, struct psk_table *tab)
+{
+  struct psk_entry *psks = NULL;
+  size_t npsks = 0;
   FILE *f = fopen (path, "r");
   if (!f) {
-    fprintf (stderr, "blkd: --tls-psk: cannot open %s: %m\n", path);
+    log_error ("--tls-psk: cannot open %s: %m", path);
     return -1;
   }
   struct stat st;
   if (fstat (fileno (f), &st) == 0 && (st.st_mode & 077))
-    fprintf (stderr, "blkd: warning: --tls-psk: %s is readable by group or others "
-             "(mode %03o); the keys in it are secrets\n", path, st.st_mode & 0777);
+    log_warn ("--tls-psk: %s is readable by group or others "
+              "(mode %03o); the keys in it are secrets", path, st.st_mode & 0777);
 
   char *line = NULL;
   size_t cap = 0;
@@ -152,7 +193,7 @@ load_psk_file (const char *path)
       continue;
     char *colon = strchr (line, ':');
     if (!colon || colon == line) {
-      fprintf (stderr, "blkd: --tls-psk: %s:%u: expected \"username:hexkey\"\n", path, lineno);
+      log_error ("--tls-psk: %s:%u: expected \"username:hexkey\"", path, lineno);
       r = -1;
       break;
     }
@@ -160,8 +201,8 @@ load_psk_file (const char *path)
     const char *hex = colon + 1;
     size_t hl = strlen (hex);
     if (hl == 0 || hl % 2 || hl / 2 > PSK_MAX_PSK_LEN) {
-      fprintf (stderr, "blkd: --tls-psk: %s:%u: key for \"%s\" must be 1 to %d bytes "
-               "of hex digits\n", path, lineno, line, PSK_MAX_PSK_LEN);
+      log_error ("--tls-psk: %s:%u: key for \"%s\" must be 1 to %d bytes "
+                 "of hex digits", path, lineno, line, PSK_MAX_PSK_LEN);
       r = -1;
       break;
     }
@@ -172,7 +213,7 @@ load_psk_file (const char *path)
       free (e.key);
       if (nv)
         psks = nv;
-      fprintf (stderr, "blkd: --tls-psk: out of memory\n");
+      log_error ("--tls-psk: out of memory");
       r = -1;
       break;
     }
@@ -180,18 +221,17 @@ load_psk_file (const char *path)
     for (size_t i = 0; i < e.keylen; i++) {
       int hi = hexval (hex[2 * i]), lo = hexval (hex[2 * i + 1]);
       if (hi < 0 || lo < 0) {
-        fprintf (stderr, "blkd: --tls-psk: %s:%u: key for \"%s\" is not hex\n",
-                 path, lineno, line);
+        log_error ("--tls-psk: %s:%u: key for \"%s\" is not hex", path, lineno, line);
         r = -1;
         break;
       }
       e.key[i] = hi << 4 | lo;
     }
-    psks[npsks++] = e;            /* freed by tls_cleanup even on error */
+    psks[npsks++] = e;            /* freed with the table even on error */
     if (r == 0 && e.keylen < TLS_PSK_MIN_BYTES)
-      fprintf (stderr, "blkd: warning: --tls-psk: %s:%u: the key for \"%s\" has %zu bits; "
-               "use at least %d (psktool makes 256)\n", path, lineno, line,
-               e.keylen * 8, TLS_PSK_MIN_BYTES * 8);
+      log_warn ("--tls-psk: %s:%u: the key for \"%s\" has %zu bits; "
+                "use at least %d (psktool makes 256)", path, lineno, line,
+                e.keylen * 8, TLS_PSK_MIN_BYTES * 8);
   }
   /* The buffer held the last key read in hex (getline reuses it, so only
    * the last line is still there, but the whole capacity is wiped). */
@@ -199,8 +239,10 @@ load_psk_file (const char *path)
     OPENSSL_cleanse (line, cap);
   free (line);
   fclose (f);
+  tab->v = psks;
+  tab->n = npsks;
   if (r == 0 && npsks == 0) {
-    fprintf (stderr, "blkd: --tls-psk: %s has no keys\n", path);
+    log_error ("--tls-psk: %s has no keys", path);
     r = -1;
   }
   return r;
@@ -218,12 +260,14 @@ note_unknown (struct tls_conn *t, const void *id, size_t len)
   t->psk_unknown = true;
 }
 
+/* The keys of the context this session was created from. */
 static const struct psk_entry *
-psk_lookup (const void *id, size_t len)
+psk_lookup (SSL *ssl, const void *id, size_t len)
 {
-  for (size_t i = 0; i < npsks; i++)
-    if (strlen (psks[i].identity) == len && memcmp (psks[i].identity, id, len) == 0)
-      return &psks[i];
+  const struct psk_table *tab = SSL_CTX_get_ex_data (SSL_get_SSL_CTX (ssl), psk_index);
+  for (size_t i = 0; tab && i < tab->n; i++)
+    if (strlen (tab->v[i].identity) == len && memcmp (tab->v[i].identity, id, len) == 0)
+      return &tab->v[i];
   return NULL;
 }
 
@@ -252,7 +296,7 @@ psk_find_session (SSL *ssl, const unsigned char *id, size_t idlen, SSL_SESSION *
 {
   struct conn *c = SSL_get_app_data (ssl);
   struct tls_conn *t = c->tls;
-  const struct psk_entry *p = psk_lookup (id, idlen);
+  const struct psk_entry *p = psk_lookup (ssl, id, idlen);
 
   *sess = NULL;
   if (!p) {
@@ -273,7 +317,7 @@ psk_server_cb (SSL *ssl, const char *identity, unsigned char *psk, unsigned int 
 {
   struct conn *c = SSL_get_app_data (ssl);
   struct tls_conn *t = c->tls;
-  const struct psk_entry *p = identity ? psk_lookup (identity, strlen (identity)) : NULL;
+  const struct psk_entry *p = identity ? psk_lookup (ssl, identity, strlen (identity)) : NULL;
   if (!p || p->keylen > max) {
     note_unknown (t, identity ? identity : "", identity ? strlen (identity) : 0);
     return 0;
@@ -290,7 +334,7 @@ need_file (const char *dir, const char *name, char *path, size_t size, bool requ
   if (access (path, R_OK) == 0)
     return 1;
   if (required || errno != ENOENT) {
-    fprintf (stderr, "blkd: --tls-certificates: cannot read %s: %m\n", path);
+    log_error ("--tls-certificates: cannot read %s: %m", path);
     return -1;
   }
   return 0;
@@ -306,44 +350,44 @@ warn_validity (X509 *cert, const char *path)
     int k = b && ASN1_TIME_print (b, na) > 0 ? BIO_read (b, when, sizeof when - 1) : 0;
     if (k > 0)
       when[k] = '\0';
-    fprintf (stderr, "blkd: warning: server certificate %s expired (not after %s): "
-             "clients that check certificates will refuse it\n", path, when);
+    log_warn ("server certificate %s expired (not after %s): "
+              "clients that check certificates will refuse it", path, when);
   }
   else if (X509_cmp_current_time (nb) > 0)
-    fprintf (stderr, "blkd: warning: server certificate %s is not valid yet: "
-             "clients that check certificates will refuse it\n", path);
+    log_warn ("server certificate %s is not valid yet: "
+              "clients that check certificates will refuse it", path);
   BIO_free (b);
 }
 
 static int
-load_certificates (const char *dir)
+load_certificates (SSL_CTX *c, const char *dir)
 {
   char path[4096];
   int r;
 
   if ((r = need_file (dir, "server-cert.pem", path, sizeof path, true)) < 0)
     return -1;
-  if (SSL_CTX_use_certificate_chain_file (ctx, path) != 1) {
-    fprintf (stderr, "blkd: --tls-certificates: %s: %s\n", path, ssl_error_text ());
+  if (SSL_CTX_use_certificate_chain_file (c, path) != 1) {
+    log_error ("--tls-certificates: %s: %s", path, ssl_error_text ());
     return -1;
   }
-  warn_validity (SSL_CTX_get0_certificate (ctx), path);
+  warn_validity (SSL_CTX_get0_certificate (c), path);
 
   if ((r = need_file (dir, "server-key.pem", path, sizeof path, true)) < 0)
     return -1;
-  if (SSL_CTX_use_PrivateKey_file (ctx, path, SSL_FILETYPE_PEM) != 1) {
+  if (SSL_CTX_use_PrivateKey_file (c, path, SSL_FILETYPE_PEM) != 1) {
     unsigned long e = ERR_peek_last_error ();
     if (ERR_GET_LIB (e) == ERR_LIB_X509 && (ERR_GET_REASON (e) == X509_R_KEY_VALUES_MISMATCH
                                             || ERR_GET_REASON (e) == X509_R_KEY_TYPE_MISMATCH))
-      fprintf (stderr, "blkd: --tls-certificates: %s does not match server-cert.pem: %s\n",
-               path, ssl_error_text ());
+      log_error ("--tls-certificates: %s does not match server-cert.pem: %s",
+                 path, ssl_error_text ());
     else
-      fprintf (stderr, "blkd: --tls-certificates: %s: %s\n", path, ssl_error_text ());
+      log_error ("--tls-certificates: %s: %s", path, ssl_error_text ());
     return -1;
   }
-  if (SSL_CTX_check_private_key (ctx) != 1) {
-    fprintf (stderr, "blkd: --tls-certificates: %s does not match server-cert.pem: %s\n",
-             path, ssl_error_text ());
+  if (SSL_CTX_check_private_key (c) != 1) {
+    log_error ("--tls-certificates: %s does not match server-cert.pem: %s",
+               path, ssl_error_text ());
     return -1;
   }
 
@@ -353,25 +397,24 @@ load_certificates (const char *dir)
     return -1;
   if (r == 1 && cfg.tls_verify_peer) {
     STACK_OF (X509_NAME) *names = SSL_load_client_CA_file (path);
-    if (SSL_CTX_load_verify_locations (ctx, path, NULL) != 1 || !names) {
-      fprintf (stderr, "blkd: --tls-certificates: %s: %s\n", path, ssl_error_text ());
+    if (SSL_CTX_load_verify_locations (c, path, NULL) != 1 || !names) {
+      log_error ("--tls-certificates: %s: %s", path, ssl_error_text ());
       sk_X509_NAME_pop_free (names, X509_NAME_free);
       return -1;
     }
-    SSL_CTX_set_client_CA_list (ctx, names);
+    SSL_CTX_set_client_CA_list (c, names);
   }
   /* ca-crl.pem (optional, as in nbdkit): revoked client certificates. */
   if (cfg.tls_verify_peer
       && (r = need_file (dir, "ca-crl.pem", path, sizeof path, false)) != 0) {
-    X509_STORE *store = SSL_CTX_get_cert_store (ctx);
+    X509_STORE *store = SSL_CTX_get_cert_store (c);
     if (r < 0 || X509_STORE_load_file (store, path) != 1) {
-      fprintf (stderr, "blkd: --tls-certificates: %s: %s\n", path,
-               r < 0 ? "unreadable" : ssl_error_text ());
+      log_error ("--tls-certificates: %s: %s", path,
+                 r < 0 ? "unreadable" : ssl_error_text ());
       return -1;
     }
     X509_STORE_set_flags (store, X509_V_FLAG_CRL_CHECK);
   }
-  have_certs = true;
   return 0;
 }
 
@@ -866,8 +909,8 @@ seal_selftest (SSL_CTX *sctx, const struct psk_entry *psk)
       continue;
     const char *why = selftest_suite (sctx, psk, suites[i]);
     if (why) {
-      fprintf (stderr, "blkd: warning: TLS: the --tls-seal=blkd self-test failed with %s: "
-               "%s; OpenSSL seals every record instead\n", suites[i], why);
+      log_warn ("TLS: the --tls-seal=blkd self-test failed with %s: "
+                "%s; OpenSSL seals every record instead", suites[i], why);
       cfg.tls_seal = TLS_SEAL_OPENSSL;
       SSL_CTX_set_keylog_callback (sctx, NULL);
       SSL_CTX_set_msg_callback (sctx, NULL);
@@ -876,9 +919,127 @@ seal_selftest (SSL_CTX *sctx, const struct psk_entry *psk)
   }
 }
 
+/* A complete context from the files named on the command line: settings,
+ * certificates, CA, CRL, pre-shared keys, and (--tls-seal=blkd) the
+ * sealer's self-test against it.  NULL after logging which file was wrong
+ * and why.  Start-up and every SIGHUP build one the same way, so a reload
+ * cannot drift from what start-up would have made. */
+static SSL_CTX *
+ctx_build (size_t *npsks)
+{
+  const struct psk_table *tab = NULL;
+  SSL_CTX *c = SSL_CTX_new (TLS_server_method ());
+  if (!c) {
+    log_error ("TLS: cannot create the OpenSSL context: %s", ssl_error_text ());
+    return NULL;
+  }
+  SSL_CTX_set_min_proto_version (c, TLS1_2_VERSION);
+  SSL_CTX_set_max_proto_version (c, TLS1_3_VERSION);
+  /* No renegotiation (TLS 1.2), no resumption state kept between
+   * connections (NBD clients connect once per use), and a client that
+   * hangs up without close_notify is an ordinary EOF, as in clear. */
+  SSL_CTX_set_options (c, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE
+                       | SSL_OP_NO_TICKET | SSL_OP_IGNORE_UNEXPECTED_EOF
+                       | SSL_OP_NO_COMPRESSION);
+  SSL_CTX_set_session_cache_mode (c, SSL_SESS_CACHE_OFF);
+  SSL_CTX_set_num_tickets (c, 0);
+  static const unsigned char sid_ctx[] = "blkd";
+  SSL_CTX_set_session_id_context (c, sid_ctx, sizeof sid_ctx - 1);
+  /* Partial writes: SSL_write returns after each record, so conn.c learns
+   * exactly how many plaintext bytes went out.  Moving buffer: a retry
+   * after WANT_WRITE may come from the staging buffer or the pool buffer
+   * holding the same bytes. */
+  SSL_CTX_set_mode (c, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+
+  /* AEAD suites only.  TLS 1.2 also gets the PSK suites GnuTLS offers
+   * (ECDHE-PSK with ChaCha20, DHE-PSK and plain PSK with AES-GCM). */
+  if (SSL_CTX_set_cipher_list (c,
+        "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256"
+        ":ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20"
+        ":ECDHE-PSK-CHACHA20-POLY1305:DHE-PSK-AES128-GCM-SHA256:DHE-PSK-AES256-GCM-SHA384"
+        ":DHE-PSK-CHACHA20-POLY1305:PSK-AES128-GCM-SHA256:PSK-AES256-GCM-SHA384"
+        ":PSK-CHACHA20-POLY1305:!aNULL:!eNULL") != 1) {
+    log_error ("TLS: cipher list: %s", ssl_error_text ());
+    goto err;
+  }
+  SSL_CTX_set_dh_auto (c, 1);
+  /* TLS 1.3: AES-128-GCM first (as Mozilla's server configurations and
+   * Go do; AES-256-GCM costs ~30% more per byte, on both ends), AES-GCM
+   * ahead of ChaCha20 (AES-NI).  It also has to be a SHA-256 suite first
+   * for PSK: OpenSSL picks the suite before it looks at the client's PSK
+   * and drops a PSK whose hash differs; GnuTLS binds external PSKs to
+   * SHA-256, so a SHA-384 suite first would push PSK clients onto the
+   * certificate path (GnuTLS: "Insufficient credentials"). */
+  if (SSL_CTX_set_ciphersuites (c, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384"
+                                ":TLS_CHACHA20_POLY1305_SHA256") != 1) {
+    log_error ("TLS: cipher suites: %s", ssl_error_text ());
+    goto err;
+  }
+
+  if (cfg.tls_certificates && load_certificates (c, cfg.tls_certificates) == -1)
+    goto err;
+  *npsks = 0;
+  if (cfg.tls_psk) {
+    /* Attached before it is filled: freeing the context frees it. */
+    struct psk_table *fill = calloc (1, sizeof *fill);
+    if (!fill || !SSL_CTX_set_ex_data (c, psk_index, fill)) {
+      free (fill);
+      log_error ("--tls-psk: out of memory");
+      goto err;
+    }
+    if (load_psk_file (cfg.tls_psk, fill) == -1)
+      goto err;
+    tab = fill;
+    *npsks = tab->n;
+    SSL_CTX_set_psk_find_session_callback (c, psk_find_session);
+    SSL_CTX_set_psk_server_callback (c, psk_server_cb);
+  }
+  if (cfg.tls_verify_peer)
+    SSL_CTX_set_verify (c, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+
+  /* Read several records per read(2) (read-ahead); kernel TLS, when the
+   * kernel has it, for TLS 1.2 sessions only (ktls_client_hello turns
+   * read-ahead off for those). */
+  SSL_CTX_set_read_ahead (c, 1);
+  SSL_CTX_set_default_read_buffer_len (c, TLS_READ_BUF);
+  bool ktls_decide = ktls_kernel;
+#ifdef BLKD_TEST_HOOKS
+  /* Make the per-session decision without a tls module (OpenSSL's own
+   * attempt then fails quietly and the session stays in user space). */
+  if (getenv ("BLKD_TLS_TEST_KTLS"))
+    ktls_decide = true;
+#endif
+  if (ktls_decide) {
+    SSL_CTX_set_options (c, SSL_OP_ENABLE_KTLS);
+    SSL_CTX_set_client_hello_cb (c, ktls_client_hello, NULL);
+  }
+
+  /* Once a self-test has failed, cfg.tls_seal says so, and no later
+   * context asks for the sealer again. */
+  if (cfg.tls_seal == TLS_SEAL_BLKD) {
+    SSL_CTX_set_keylog_callback (c, keylog_cb);
+    SSL_CTX_set_msg_callback (c, msg_cb);
+    seal_selftest (c, have_certs ? NULL : &tab->v[0]);
+#ifdef BLKD_TEST_HOOKS
+    /* A ticket is a message OpenSSL writes under the application key
+     * before blkd could take over: the hand-over must see it and leave
+     * the session with SSL_write. */
+    if (getenv ("BLKD_TLS_TEST_TICKETS"))
+      SSL_CTX_set_num_tickets (c, 1);
+#endif
+  }
+  return c;
+
+err:
+  SSL_CTX_free (c);               /* and the PSK table with it */
+  return NULL;
+}
+
 int
 tls_setup (void)
 {
+  size_t npsks;
+
   if (!cfg.tls_certificates && !cfg.tls_psk) {
     fprintf (stderr, "blkd: --tls=%s needs --tls-certificates=DIR or --tls-psk=FILE\n",
              cfg.tls == TLS_REQUIRE ? "require" : "on");
@@ -896,83 +1057,13 @@ tls_setup (void)
              "clients present no certificate; use one or the other\n");
     return -1;
   }
-
-  ctx = SSL_CTX_new (TLS_server_method ());
-  if (!ctx) {
-    fprintf (stderr, "blkd: TLS: cannot create the OpenSSL context: %s\n", ssl_error_text ());
+  have_certs = cfg.tls_certificates != NULL;
+  psk_index = SSL_CTX_get_ex_new_index (0, NULL, NULL, NULL, psk_table_ex_free);
+  if (psk_index < 0) {
+    fprintf (stderr, "blkd: TLS: cannot register the PSK table: %s\n", ssl_error_text ());
     return -1;
   }
-  SSL_CTX_set_min_proto_version (ctx, TLS1_2_VERSION);
-  SSL_CTX_set_max_proto_version (ctx, TLS1_3_VERSION);
-  /* No renegotiation (TLS 1.2), no resumption state kept between
-   * connections (NBD clients connect once per use), and a client that
-   * hangs up without close_notify is an ordinary EOF, as in clear. */
-  SSL_CTX_set_options (ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE
-                       | SSL_OP_NO_TICKET | SSL_OP_IGNORE_UNEXPECTED_EOF
-                       | SSL_OP_NO_COMPRESSION);
-  SSL_CTX_set_session_cache_mode (ctx, SSL_SESS_CACHE_OFF);
-  SSL_CTX_set_num_tickets (ctx, 0);
-  static const unsigned char sid_ctx[] = "blkd";
-  SSL_CTX_set_session_id_context (ctx, sid_ctx, sizeof sid_ctx - 1);
-  /* Partial writes: SSL_write returns after each record, so conn.c learns
-   * exactly how many plaintext bytes went out.  Moving buffer: a retry
-   * after WANT_WRITE may come from the staging buffer or the pool buffer
-   * holding the same bytes. */
-  SSL_CTX_set_mode (ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-
-  /* AEAD suites only.  TLS 1.2 also gets the PSK suites GnuTLS offers
-   * (ECDHE-PSK with ChaCha20, DHE-PSK and plain PSK with AES-GCM). */
-  if (SSL_CTX_set_cipher_list (ctx,
-        "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256"
-        ":ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20"
-        ":ECDHE-PSK-CHACHA20-POLY1305:DHE-PSK-AES128-GCM-SHA256:DHE-PSK-AES256-GCM-SHA384"
-        ":DHE-PSK-CHACHA20-POLY1305:PSK-AES128-GCM-SHA256:PSK-AES256-GCM-SHA384"
-        ":PSK-CHACHA20-POLY1305:!aNULL:!eNULL") != 1) {
-    fprintf (stderr, "blkd: TLS: cipher list: %s\n", ssl_error_text ());
-    return -1;
-  }
-  SSL_CTX_set_dh_auto (ctx, 1);
-  /* TLS 1.3: AES-128-GCM first (as Mozilla's server configurations and
-   * Go do; AES-256-GCM costs ~30% more per byte, on both ends), AES-GCM
-   * ahead of ChaCha20 (AES-NI).  It also has to be a SHA-256 suite first
-   * for PSK: OpenSSL picks the suite before it looks at the client's PSK
-   * and drops a PSK whose hash differs; GnuTLS binds external PSKs to
-   * SHA-256, so a SHA-384 suite first would push PSK clients onto the
-   * certificate path (GnuTLS: "Insufficient credentials"). */
-  if (SSL_CTX_set_ciphersuites (ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384"
-                                ":TLS_CHACHA20_POLY1305_SHA256") != 1) {
-    fprintf (stderr, "blkd: TLS: cipher suites: %s\n", ssl_error_text ());
-    return -1;
-  }
-
-  if (cfg.tls_certificates && load_certificates (cfg.tls_certificates) == -1)
-    return -1;
-  if (cfg.tls_psk) {
-    if (load_psk_file (cfg.tls_psk) == -1)
-      return -1;
-    SSL_CTX_set_psk_find_session_callback (ctx, psk_find_session);
-    SSL_CTX_set_psk_server_callback (ctx, psk_server_cb);
-  }
-  if (cfg.tls_verify_peer)
-    SSL_CTX_set_verify (ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
-
-  /* Read several records per read(2) (read-ahead); kernel TLS, when the
-   * kernel has it, for TLS 1.2 sessions only (ktls_client_hello turns
-   * read-ahead off for those). */
-  SSL_CTX_set_read_ahead (ctx, 1);
-  SSL_CTX_set_default_read_buffer_len (ctx, TLS_READ_BUF);
   ktls_kernel = probe_ktls ();
-  bool ktls_decide = ktls_kernel;
-#ifdef BLKD_TEST_HOOKS
-  /* Make the per-session decision without a tls module (OpenSSL's own
-   * attempt then fails quietly and the session stays in user space). */
-  if (getenv ("BLKD_TLS_TEST_KTLS"))
-    ktls_decide = true;
-#endif
-  if (ktls_decide) {
-    SSL_CTX_set_options (ctx, SSL_OP_ENABLE_KTLS);
-    SSL_CTX_set_client_hello_cb (ctx, ktls_client_hello, NULL);
-  }
 
   const char *env = getenv ("BLKD_TLS_REKEY_RECORDS");
   if (env) {
@@ -986,18 +1077,9 @@ tls_setup (void)
              "(make check) honour it\n");
 #endif
   }
-  if (cfg.tls_seal == TLS_SEAL_BLKD) {
-    SSL_CTX_set_keylog_callback (ctx, keylog_cb);
-    SSL_CTX_set_msg_callback (ctx, msg_cb);
-    seal_selftest (ctx, have_certs ? NULL : &psks[0]);
-#ifdef BLKD_TEST_HOOKS
-    /* A ticket is a message OpenSSL writes under the application key
-     * before blkd could take over: the hand-over must see it and leave
-     * the session with SSL_write. */
-    if (getenv ("BLKD_TLS_TEST_TICKETS"))
-      SSL_CTX_set_num_tickets (ctx, 1);
-#endif
-  }
+  ctx = ctx_build (&npsks);
+  if (!ctx)
+    return -1;
 
   fprintf (stderr, "blkd: TLS %s: TLS 1.2-1.3 with %s%s%s%s; %s; %s\n",
            cfg.tls == TLS_REQUIRE ? "required" : "offered",
@@ -1016,19 +1098,38 @@ tls_setup (void)
   return 0;
 }
 
+/* SIGHUP: read every credential file again; new handshakes use the result.
+ * All or nothing: one bad file (or a certificate rotated before its key)
+ * keeps the whole old set, so a half-finished rotation never mixes the two.
+ * Sessions up or mid-handshake hold a reference to the context they began
+ * with and never see the change. */
+int
+tls_reload (void)
+{
+  size_t npsks;
+  SSL_CTX *fresh = ctx_build (&npsks);
+  if (!fresh) {
+    log_error ("TLS reload failed: new handshakes keep the credentials loaded before");
+    errno = EINVAL;
+    return -1;
+  }
+  pthread_mutex_lock (&ctx_lock);
+  SSL_CTX *old = ctx;
+  ctx = fresh;
+  pthread_mutex_unlock (&ctx_lock);
+  SSL_CTX_free (old);
+  log_info ("TLS reloaded: new handshakes use %s%s%s%s%s%s",
+            have_certs ? "the certificates in " : "", have_certs ? cfg.tls_certificates : "",
+            have_certs && npsks ? " and " : "", npsks ? "the pre-shared keys in " : "",
+            npsks ? cfg.tls_psk : "", cfg.tls_verify_peer ? " (client CA and CRL too)" : "");
+  return 0;
+}
+
 void
 tls_cleanup (void)
 {
-  SSL_CTX_free (ctx);
+  SSL_CTX_free (ctx);             /* the PSK table goes with it */
   ctx = NULL;
-  for (size_t i = 0; i < npsks; i++) {
-    OPENSSL_cleanse (psks[i].key, psks[i].keylen);
-    free (psks[i].key);
-    free (psks[i].identity);
-  }
-  free (psks);
-  psks = NULL;
-  npsks = 0;
 }
 
 /* ---- per connection -------------------------------------------------- */
@@ -1039,7 +1140,14 @@ tls_start (struct conn *c)
   struct tls_conn *t = calloc (1, sizeof *t);
   if (!t)
     return -1;
-  t->ssl = SSL_new (ctx);
+  /* A reference of our own, so a reload may swap and free the shared one
+   * between the unlock and SSL_new (which takes the session's own). */
+  pthread_mutex_lock (&ctx_lock);
+  SSL_CTX *cur = ctx;
+  SSL_CTX_up_ref (cur);
+  pthread_mutex_unlock (&ctx_lock);
+  t->ssl = SSL_new (cur);
+  SSL_CTX_free (cur);
   if (!t->ssl || SSL_set_fd (t->ssl, c->fd) != 1) {
     log_error ("TLS: cannot create a session: %s", ssl_error_text ());
     SSL_free (t->ssl);

@@ -69,7 +69,7 @@ for t in STREAM_READ STREAM_WRITE RR RAND_READ RAND_WRITE RAND_RW SEQ_REWRITE CH
   echo "ok $t: $("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f MiB/s %.0f IOPS p99 %.0f us" % (d["throughput_mib_s"], d["iops"], d["latency_us"]["p99"]))' "$TMP/$t.json")"
 done
 check_json "$TMP/STREAM_READ.json" STREAM_READ 'd["reads"] > 0 and d["writes"] == 0' \
-  'd["block_size"] == 262144 and d["queue_depth"] == 16'
+  'd["block_size"] == 262144 and d["queue_depth"] == 16' 'd["io"] == "wire"'
 check_json "$TMP/STREAM_WRITE.json" STREAM_WRITE 'd["writes"] > 0 and d["reads"] == 0'
 check_json "$TMP/RR.json" RR 'd["queue_depth"] == 1 and d["block_size"] == 4096'
 check_json "$TMP/RAND_READ.json" RAND_READ 'd["queue_depth"] == 32'
@@ -134,7 +134,8 @@ if [ ${#SRV[@]} -eq 0 ] || nbdkit --dump-config 2>/dev/null | grep -q '^tls=yes'
   printf 'alice:%s\n' "$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" >"$TMP/keys.psk"
   start_server "${SRV[@]}" --tls=require --tls-psk="$TMP/keys.psk" "${MEM[@]}"
   run_json tls -t RAND_RW -l 1 --tls-psk "$TMP/keys.psk" --tls-username alice "$URI"
-  check_json "$TMP/tls.json" RAND_RW 'd["uri"].startswith("nbds://")'
+  check_json "$TMP/tls.json" RAND_RW 'd["uri"].startswith("nbds://")' \
+    'd["io"] == "libnbd"'   # TLS lives inside libnbd: its loop runs
   run_json tlsuri -t RR -l 1 "nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$TMP/keys.psk"
   check_json "$TMP/tlsuri.json" RR
   if "$BLKPERF" -t RR -l 1 "$URI" >/dev/null 2>"$TMP/notls.err"; then

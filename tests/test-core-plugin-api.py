@@ -10,7 +10,7 @@ import time
 import struct
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
-from blkdtest import (TOP, Server, check, check_eq, fail, need_nbd, nbd_connect,
+from blkdtest import (TOP, Server, check, check_eq, fail, hammer_reads, need_nbd, nbd_connect,
                       nbd_errno, ok, skip, IS_NBDKIT)
 
 nbd = need_nbd()
@@ -26,24 +26,12 @@ def stats(h):
     return struct.unpack(">III", h.pread(12, 0))   # max active, max per handle, max open
 
 
-def hammer(handles, per_handle=8, rounds=4):
-    """Keep per_handle reads in flight on each handle for a while."""
-    for _ in range(rounds):
-        cookies = []
-        for h in handles:
-            for i in range(per_handle):
-                cookies.append((h, h.aio_pread(nbd.Buffer(4096), 4096 * (i + 1))))
-        for h, ck in cookies:
-            while not h.aio_command_completed(ck):
-                h.poll(-1)
-
-
 for model, name in ((1, "SERIALIZE_ALL_REQUESTS"), (2, "SERIALIZE_REQUESTS"),
                     (3, "PARALLEL")):
     print("# thread model %d (%s), plugin calls on workers" % (model, name))
     srv = Server([MODELS, "model=%d" % model], opts=["--dispatch=worker", "--shards=2"])
     a, b = nbd_connect(srv), nbd_connect(srv)
-    hammer([a, b])
+    hammer_reads([a, b])
     max_active, max_handle, max_open = stats(a)
     print("max in flight: %d in the plugin, %d on one handle; %d handles open"
           % (max_active, max_handle, max_open))

@@ -18,6 +18,13 @@ tests/plugins/nbdkit-%-plugin.so: tests/plugins/%.c
 	$(CC) -std=gnu11 $(WARN) -O2 -g -D_GNU_SOURCE -fPIC -shared -pthread -o $@ $<
 check: $(TEST_PLUGINS)
 
+# Test-only filters (tests/filters/NAME.c), likewise.
+TEST_FILTER_SRCS = $(wildcard tests/filters/*.c)
+TEST_FILTERS = $(patsubst tests/filters/%.c,tests/filters/nbdkit-%-filter.so,$(TEST_FILTER_SRCS))
+tests/filters/nbdkit-%-filter.so: tests/filters/%.c
+	$(CC) -std=gnu11 $(WARN) -O2 -g -D_GNU_SOURCE -fPIC -shared -pthread -o $@ $<
+check: $(TEST_FILTERS)
+
 # Test-only clients (tests/helpers/*.c).
 TEST_HELPER_SRCS = $(wildcard tests/helpers/*.c)
 TEST_HELPERS = $(TEST_HELPER_SRCS:%.c=%)

@@ -1,18 +1,21 @@
 /* Unit tests for server/public.c: the nbdkit plugin API as plugins see it. */
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
+#include <nbdkit-filter.h>
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <netinet/in.h>
 #include <time.h>
 #include <unistd.h>
@@ -714,7 +717,277 @@ test_extents (void)
   end_group (before);
 }
 
+/* ---- Extents helpers for filters --------------------------------------- */
+
+/* The layer below a filter, as nbdkit_extents_full/aligned see it: a
+ * struct nbdkit_next_ops whose .extents answers from a fixed map, at most
+ * `per_call` extents per call (a plugin may answer only a prefix). */
+struct map_ext { uint64_t off, len; uint32_t type; };
+struct test_next {
+  struct nbdkit_next_ops ops;           /* first: filters get &ops */
+  const struct map_ext *map;
+  size_t n, per_call;
+  int calls, fail_call, fail_err;
+  uint32_t flags[8];                    /* flags of the first calls */
+  uint64_t offsets[8];
+};
+
+static int
+test_next_extents (nbdkit_next *next, uint32_t count, uint64_t offset,
+                   uint32_t flags, struct nbdkit_extents *e, int *err)
+{
+  struct test_next *t = (struct test_next *) next;
+  size_t added = 0;
+
+  if (t->calls < 8) {
+    t->flags[t->calls] = flags;
+    t->offsets[t->calls] = offset;
+  }
+  if (++t->calls == t->fail_call) {
+    *err = t->fail_err;
+    return -1;
+  }
+  for (size_t i = 0; i < t->n && added < t->per_call; i++) {
+    const struct map_ext *m = &t->map[i];
+    if (m->off + m->len <= offset)
+      continue;
+    if (m->off >= offset + count)
+      break;
+    if (nbdkit_add_extent (e, m->off, m->len, m->type) == -1) {
+      *err = errno;
+      return -1;
+    }
+    added++;
+  }
+  return 0;
+}
+
+static void
+test_next_init (struct test_next *t, const struct map_ext *map, size_t n,
+                size_t per_call)
+{
+  memset (t, 0, sizeof *t);
+  t->ops.extents = test_next_extents;
+  t->map = map;
+  t->n = n;
+  t->per_call = per_call;
+}
+
+static bool
+get_is (const struct nbdkit_extents *e, size_t i,
+        uint64_t off, uint64_t len, uint32_t type)
+{
+  struct nbdkit_extent x;
+
+  if (i >= nbdkit_extents_count (e))
+    return false;
+  x = nbdkit_get_extent (e, i);
+  return x.offset == off && x.length == len && x.type == type;
+}
+
+/* Runs fn in a child and says whether it died of SIGABRT. */
+static bool
+aborts (void (*fn) (void *), void *arg)
+{
+  int status;
+  pid_t pid;
+
+  fflush (stdout);
+  pid = fork ();
+  if (pid == 0) {
+    int devnull = open ("/dev/null", O_WRONLY);
+    dup2 (devnull, STDERR_FILENO);
+    fn (arg);
+    _exit (0);
+  }
+  if (pid == -1 || waitpid (pid, &status, 0) != pid)
+    return false;
+  return WIFSIGNALED (status) && WTERMSIG (status) == SIGABRT;
+}
+
+static void
+get_extent_past_end (void *e)
+{
+  nbdkit_get_extent (e, nbdkit_extents_count (e));
+}
+
+static void
+test_extents_filter (void)
+{
+  int before = failures;
+  struct nbdkit_extents *e;
+  struct test_next t;
+  const char *log;
+  int err;
+  static const struct map_ext three[] = {
+    { 0, 100, 0 }, { 100, 200, 3 }, { 300, 700, 0 },
+  };
+
+  begin_group ("nbdkit_extents_new/count/get_extent");
+  e = nbdkit_extents_new (10, 20);
+  CHECK (e && nbdkit_extents_count (e) == 0);
+  CHECK (nbdkit_add_extent (e, 0, 15, 1) == 0);
+  CHECK (nbdkit_add_extent (e, 15, 100, 2) == 0);
+  CHECK (nbdkit_extents_count (e) == 2);
+  CHECK (get_is (e, 0, 10, 5, 1) && get_is (e, 1, 15, 5, 2));
+  CHECK (aborts (get_extent_past_end, e));
+  nbdkit_extents_free (e);
+  capture_start ();
+  CHECK (nbdkit_extents_new (2, 1) == NULL && errno == ERANGE);
+  capture_end ();
+  end_group (before);
+
+  before = failures;
+  begin_group ("nbdkit_extents_full");
+  /* One extent per call: three calls, REQ_ONE never passed down. */
+  test_next_init (&t, three, 3, 1);
+  err = 0;
+  e = nbdkit_extents_full (&t.ops, 1000, 0, NBDKIT_FLAG_REQ_ONE, &err);
+  CHECK (e && nbdkit_extents_count (e) == 3);
+  CHECK (get_is (e, 0, 0, 100, 0) && get_is (e, 1, 100, 200, 3)
+         && get_is (e, 2, 300, 700, 0));
+  CHECK (t.calls == 3);
+  CHECK (t.offsets[0] == 0 && t.offsets[1] == 100 && t.offsets[2] == 300);
+  for (int i = 0; i < 3; i++)
+    CHECK ((t.flags[i] & NBDKIT_FLAG_REQ_ONE) == 0);
+  nbdkit_extents_free (e);
+
+  /* A window inside the map is clipped at both ends. */
+  test_next_init (&t, three, 3, 2);
+  e = nbdkit_extents_full (&t.ops, 500, 50, 0, &err);
+  CHECK (e && nbdkit_extents_count (e) == 3);
+  CHECK (get_is (e, 0, 50, 50, 0) && get_is (e, 1, 100, 200, 3)
+         && get_is (e, 2, 300, 250, 0));
+  CHECK (t.calls == 2);
+  nbdkit_extents_free (e);
+
+  /* Nothing to ask. */
+  test_next_init (&t, three, 3, 1);
+  e = nbdkit_extents_full (&t.ops, 0, 40, 0, &err);
+  CHECK (e && nbdkit_extents_count (e) == 0 && t.calls == 0);
+  nbdkit_extents_free (e);
+
+  /* The layer below fails on its second call: its errno comes back. */
+  test_next_init (&t, three, 3, 1);
+  t.fail_call = 2;
+  t.fail_err = ENOSPC;
+  err = 0;
+  CHECK (nbdkit_extents_full (&t.ops, 1000, 0, 0, &err) == NULL);
+  CHECK (err == ENOSPC);
+
+  /* ...or answers nothing: EIO rather than looping forever. */
+  test_next_init (&t, three, 3, 1);
+  err = 0;
+  capture_start ();
+  CHECK (nbdkit_extents_full (&t.ops, 100, 1000, 0, &err) == NULL);
+  log = capture_end ();
+  CHECK (err == EIO && contains (log, "returned no extent at offset 1000"));
+  CHECK (t.calls == 1);
+  end_group (before);
+
+  before = failures;
+  begin_group ("nbdkit_extents_aligned");
+  /* Aligned already: untouched. */
+  {
+    static const struct map_ext m[] = { { 0, 512, 0 }, { 512, 1536, 3 } };
+    test_next_init (&t, m, 2, 10);
+    e = nbdkit_extents_new (0, 2048);
+    CHECK (nbdkit_extents_aligned (&t.ops, 2048, 0, 0, 512, e, &err) == 0);
+    CHECK (nbdkit_extents_count (e) == 2 && get_is (e, 0, 0, 512, 0)
+           && get_is (e, 1, 512, 1536, 3));
+    nbdkit_extents_free (e);
+  }
+  /* An unaligned extent past the first block is rounded down and ends the
+   * list; rounded down to nothing, it disappears. */
+  {
+    static const struct map_ext m[] = {
+      { 0, 512, 0 }, { 512, 1188, 3 }, { 1700, 348, 0 },
+    };
+    test_next_init (&t, m, 3, 10);
+    e = nbdkit_extents_new (0, 2048);
+    CHECK (nbdkit_extents_aligned (&t.ops, 2048, 0, 0, 512, e, &err) == 0);
+    CHECK (nbdkit_extents_count (e) == 2 && get_is (e, 0, 0, 512, 0)
+           && get_is (e, 1, 512, 1024, 3));
+    /* What follows must start where the list now ends. */
+    CHECK (nbdkit_add_extent (e, 1536, 512, 0) == 0);
+    CHECK (nbdkit_extents_count (e) == 3);
+    nbdkit_extents_free (e);
+  }
+  {
+    static const struct map_ext m[] = {
+      { 0, 512, 0 }, { 512, 488, 3 }, { 1000, 1048, 0 },
+    };
+    test_next_init (&t, m, 3, 10);
+    e = nbdkit_extents_new (0, 2048);
+    CHECK (nbdkit_extents_aligned (&t.ops, 2048, 0, 0, 512, e, &err) == 0);
+    CHECK (nbdkit_extents_count (e) == 1 && get_is (e, 0, 0, 512, 0));
+    nbdkit_extents_free (e);
+  }
+  /* An unaligned first block merges what the list holds: its type is the
+   * AND of the parts, and the answer is that one block. */
+  {
+    static const struct map_ext m[] = {
+      { 0, 100, 3 }, { 100, 412, 1 }, { 512, 1536, 3 },
+    };
+    test_next_init (&t, m, 3, 10);
+    e = nbdkit_extents_new (0, 2048);
+    CHECK (nbdkit_extents_aligned (&t.ops, 2048, 0, 0, 512, e, &err) == 0);
+    CHECK (nbdkit_extents_count (e) == 1 && get_is (e, 0, 0, 512, 1));
+    CHECK (t.calls == 1);
+    nbdkit_extents_free (e);
+  }
+  /* ...asking the layer below again (without REQ_ONE) when the list runs
+   * out before the block is covered. */
+  {
+    static const struct map_ext m[] = {
+      { 0, 100, 3 }, { 100, 200, 1 }, { 300, 1748, 3 },
+    };
+    test_next_init (&t, m, 3, 1);
+    e = nbdkit_extents_new (0, 2048);
+    CHECK (nbdkit_extents_aligned (&t.ops, 2048, 0, NBDKIT_FLAG_REQ_ONE,
+                                   512, e, &err) == 0);
+    CHECK (nbdkit_extents_count (e) == 1 && get_is (e, 0, 0, 512, 1));
+    CHECK (t.calls == 3);
+    CHECK (t.offsets[1] == 100 && t.offsets[2] == 300);
+    CHECK ((t.flags[0] & NBDKIT_FLAG_REQ_ONE) != 0);
+    CHECK ((t.flags[1] & NBDKIT_FLAG_REQ_ONE) == 0
+           && (t.flags[2] & NBDKIT_FLAG_REQ_ONE) == 0);
+    nbdkit_extents_free (e);
+
+    /* A failure while refilling is the caller's failure. */
+    test_next_init (&t, m, 3, 1);
+    t.fail_call = 3;
+    t.fail_err = EPERM;
+    e = nbdkit_extents_new (0, 2048);
+    err = 0;
+    CHECK (nbdkit_extents_aligned (&t.ops, 2048, 0, 0, 512, e, &err) == -1);
+    CHECK (err == EPERM);
+    nbdkit_extents_free (e);
+  }
+  /* Unaligned requests and bad alignments are refused, nothing asked. */
+  test_next_init (&t, three, 3, 1);
+  e = nbdkit_extents_new (0, 2048);
+  capture_start ();
+  err = 0;
+  CHECK (nbdkit_extents_aligned (&t.ops, 1000, 0, 0, 512, e, &err) == -1);
+  CHECK (err == EINVAL);
+  CHECK (nbdkit_extents_aligned (&t.ops, 1024, 100, 0, 512, e, &err) == -1);
+  CHECK (nbdkit_extents_aligned (&t.ops, 1024, 0, 0, 384, e, &err) == -1);
+  CHECK (nbdkit_extents_aligned (&t.ops, 1024, 0, 0, 0, e, &err) == -1);
+  log = capture_end ();
+  CHECK (contains (log, "not aligned"));
+  CHECK (t.calls == 0);
+  nbdkit_extents_free (e);
+  end_group (before);
+}
+
 /* ---- Exports ----------------------------------------------------------- */
+
+static void
+get_export_past_end (void *x)
+{
+  nbdkit_get_export (x, nbdkit_exports_count (x));
+}
 
 static void
 test_exports (void)
@@ -764,6 +1037,23 @@ test_exports (void)
   CHECK (contains (log, "too many exports"));
   public_exports_free (x);
   nbdkit_exports_free (NULL);
+  end_group (before);
+
+  before = failures;
+  begin_group ("nbdkit_exports_new/count/get_export");
+  x = nbdkit_exports_new ();
+  CHECK (x && nbdkit_exports_count (x) == 0);
+  CHECK (nbdkit_add_export (x, "a", NULL) == 0);
+  CHECK (nbdkit_add_export (x, "b", "the b") == 0);
+  CHECK (nbdkit_exports_count (x) == 2);
+  {
+    struct nbdkit_export a = nbdkit_get_export (x, 0);
+    struct nbdkit_export b = nbdkit_get_export (x, 1);
+    CHECK (strcmp (a.name, "a") == 0 && a.description == NULL);
+    CHECK (strcmp (b.name, "b") == 0 && strcmp (b.description, "the b") == 0);
+  }
+  CHECK (aborts (get_export_past_end, x));
+  nbdkit_exports_free (x);
   end_group (before);
 }
 
@@ -864,6 +1154,7 @@ main (void)
   test_connection_info ();
   test_interns ();
   test_extents ();
+  test_extents_filter ();
   test_exports ();
   test_sleep_shutdown ();
 

@@ -28,6 +28,20 @@ if os.sep not in BLKD:
 SERVER_NAME = os.path.basename(BLKD)
 IS_NBDKIT = SERVER_NAME == "nbdkit"
 
+
+def nbdkit_dir(var):
+    """nbdkit's plugindir or filterdir, from pkg-config (the path holds the
+    architecture's triplet); "" when nbdkit's .pc file is missing."""
+    try:
+        r = subprocess.run(["pkg-config", "--variable=" + var, "nbdkit"],
+                           capture_output=True, text=True)
+    except OSError:
+        return ""
+    return r.stdout.strip()
+
+
+FILTERDIR = nbdkit_dir("filterdir")
+
 TMP = tempfile.mkdtemp(prefix="blkd-test.")
 _servers = []
 
@@ -239,6 +253,20 @@ def nbd_connect(server, export=None, strict=True):
     if not strict:
         h.set_strict_mode(0)
     return h
+
+
+def hammer_reads(handles, per_handle=8, rounds=4):
+    """Keep per_handle 4 KiB reads in flight on each libnbd handle, rounds
+    times over (offsets 4 KiB, 8 KiB, ...): load for thread-model checks."""
+    nbd = need_nbd()
+    for _ in range(rounds):
+        cookies = []
+        for h in handles:
+            for i in range(per_handle):
+                cookies.append((h, h.aio_pread(nbd.Buffer(4096), 4096 * (i + 1))))
+        for h, ck in cookies:
+            while not h.aio_command_completed(ck):
+                h.poll(-1)
 
 
 def nbd_errno(exc):

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Is blkperf ever the bottleneck?  blkperf against fio's nbd engine on the
+# same target in the same run: rounds alternate the two tools (the order
+# flips every round) on nbdkit null, nbdkit memory and blkd (serving
+# nbdkit's null plugin, holes sent as data), for STREAM_READ 256k QD16 and RAND_READ 4k QD32.
+# Per cell it keeps each tool's rate, its client CPU per request (blkperf:
+# getrusage over the window, -c; fio: the job's usr_cpu+sys_cpu over its
+# runtime) and the 1-minute load average when the cell started; with
+# COUNT=1 it also counts each tool's syscalls and context switches per
+# request with perf stat (the counting slows both tools, so COUNT=1 rows
+# are for the counts, not the rates).  It prints one markdown row per
+# cell: medians, the per-round blkperf/fio ratio's median and min..max,
+# and the median load.  Raw results go to $OUT as JSON.
+#   ROUNDS=5 LEN=5 TARGETS="null memory blkd" COUNT=0 bench/blkperf-vs-fio.sh [OUTDIR]
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+: "${ROUNDS:=5}" "${LEN:=5}" "${TARGETS:=null memory blkd}" "${COUNT:=0}"
+: "${BLKD:=$top/blkd}" "${BLKPERF:=$top/blkperf}"
+OUT=${1:-$top/build/bench}
+mkdir -p "$OUT"
+for t in nbdkit fio; do
+  command -v $t >/dev/null || { echo "$t is not installed (make deps)" >&2; exit 1; }
+done
+[ -x "$BLKPERF" ] || { echo "build blkperf first (make blkperf)" >&2; exit 1; }
+if [ "$COUNT" = 1 ] && ! command -v perf >/dev/null; then
+  echo "COUNT=1 needs perf (Debian: linux-perf)" >&2; exit 1
+fi
+
+TOP=$top ROUNDS=$ROUNDS LEN=$LEN TARGETS=$TARGETS COUNT=$COUNT BLKD=$BLKD BLKPERF=$BLKPERF OUT=$OUT \
+/usr/bin/python3 - <<'EOF'
+import json, os, statistics, subprocess, sys, tempfile, time
+
+env = os.environ
+sys.path.insert(0, os.path.join(env["TOP"], "bench"))
+from anchors import free_port, wait_port  # noqa: E402
+rounds, length, count = int(env["ROUNDS"]), env["LEN"], env["COUNT"] == "1"
+null_so = subprocess.run(["nbdkit", "--dump-config"], capture_output=True, text=True,
+                         check=True).stdout
+plugindir = [l.split("=", 1)[1] for l in null_so.splitlines() if l.startswith("plugindir=")][0]
+SIZE = "8G"
+TARGETS = {
+    "null": ["nbdkit", "-f", "-i", "127.0.0.1", "-p", "{port}", "null", SIZE],
+    "memory": ["nbdkit", "-f", "-i", "127.0.0.1", "-p", "{port}", "memory", SIZE],
+    # Holes off: blkd would otherwise answer the null plugin's reads with
+    # OFFSET_HOLE chunks, and no data would cross the socket.
+    "blkd": [env["BLKD"], "-f", "-i", "127.0.0.1", "-p", "{port}", "--sparse-reads", "no",
+             os.path.join(plugindir, "nbdkit-null-plugin.so"), "size=" + SIZE],
+}
+LOADS = [  # name, blkperf test, fio rw, block size, depth, metric
+    ("STREAM_READ 256k QD16", "STREAM_READ", "read", "256k", 16, "mib_s"),
+    ("RAND_READ 4k QD32", "RAND_READ", "randread", "4k", 32, "iops"),
+]
+
+
+def start(target):
+    port = free_port()
+    argv = [a.replace("{port}", str(port)) for a in TARGETS[target]]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, proc)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc, "nbd://127.0.0.1:%d" % port
+
+
+def perf_wrap(argv, statfile):
+    if not count:
+        return argv
+    return ["perf", "stat", "-x", ",", "-o", statfile, "-e",
+            "raw_syscalls:sys_enter,context-switches"] + argv
+
+
+def perf_counts(statfile):
+    got = {}
+    for line in open(statfile):
+        f = line.strip().split(",")
+        if len(f) > 2 and f[0].replace(".", "").isdigit():
+            got["syscalls" if "sys_enter" in f[2] else "cswitch"] = float(f[0])
+    return got
+
+
+def run_blkperf(uri, load, statfile):
+    _, test, _, bs, qd, _ = load
+    argv = [env["BLKPERF"], "--json", "--quiet", "-c", "-t", test, "-b", bs, "-q", str(qd),
+            "-l", length, uri]
+    d = json.loads(subprocess.run(perf_wrap(argv, statfile), check=True, capture_output=True,
+                                  text=True).stdout)
+    proc = d["cpu"]["local"]["process"] if d["cpu"]["local"] else None
+    cpu_s = proc["user_s"] + proc["system_s"] if proc else None
+    return {"iops": d["iops"], "mib_s": d["throughput_mib_s"], "requests": d["requests"],
+            "cpu_us_req": cpu_s * 1e6 / d["requests"] if cpu_s is not None else None}
+
+
+def run_fio(uri, load, statfile):
+    _, _, rw, bs, qd, _ = load
+    argv = ["fio", "--name=vs", "--ioengine=nbd", "--uri=" + uri, "--rw=" + rw, "--bs=" + bs,
+            "--iodepth=" + str(qd), "--size=" + SIZE, "--time_based", "--runtime=" + length,
+            "--output-format=json"]
+    out = subprocess.run(perf_wrap(argv, statfile), check=True, capture_output=True,
+                         text=True).stdout
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    rd, runtime_s = job["read"], job["read"]["runtime"] / 1000.0
+    ios = rd["total_ios"]
+    cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * runtime_s
+    return {"iops": rd["iops"], "mib_s": rd["bw_bytes"] / 2**20, "requests": ios,
+            "cpu_us_req": cpu_s * 1e6 / ios if ios else None}
+
+
+results = []
+statfile = tempfile.mktemp(prefix="blkperf-vs-fio.")
+for r in range(rounds):
+    for target in env["TARGETS"].split():
+        for load in LOADS:
+            proc, uri = start(target)
+            try:
+                load1 = float(open("/proc/loadavg").read().split()[0])
+                cell = {"round": r + 1, "target": target, "load": load[0], "loadavg_1m": load1}
+                order = ["blkperf", "fio"] if r % 2 == 0 else ["fio", "blkperf"]
+                for tool in order:
+                    res = (run_blkperf if tool == "blkperf" else run_fio)(uri, load, statfile)
+                    if count:
+                        c = perf_counts(statfile)
+                        # Per request, counting the whole process: start-up
+                        # and the probe connection are a few hundred calls.
+                        res["syscalls_req"] = c.get("syscalls", 0) / res["requests"]
+                        res["cswitch_req"] = c.get("cswitch", 0) / res["requests"]
+                    cell[tool] = res
+            finally:
+                proc.terminate()
+                proc.wait()
+            m = load[5]
+            print("  round %d %s %s: blkperf %.0f fio %.0f %s (x%.3f), load %.1f" % (
+                r + 1, target, load[0], cell["blkperf"][m], cell["fio"][m],
+                "MiB/s" if m == "mib_s" else "IOPS", cell["blkperf"][m] / cell["fio"][m], load1),
+                file=sys.stderr)
+            results.append(cell)
+if os.path.exists(statfile):
+    os.unlink(statfile)
+
+stamp = time.strftime("%Y%m%dT%H%M%S")
+with open(os.path.join(env["OUT"], "blkperf-vs-fio-%s.json" % stamp), "w") as f:
+    json.dump({"rounds": rounds, "length_s": length, "count": count, "results": results}, f,
+              indent=1)
+
+med = statistics.median
+hdr = "| target | load | fio | blkperf | blkperf/fio median | min..max | fio CPU us/req | blkperf CPU us/req |"
+if count:
+    hdr += " fio syscalls/req | blkperf syscalls/req | fio cswitch/req | blkperf cswitch/req |"
+hdr += " load avg 1m median (min..max) |"
+print(hdr)
+print("|" + "---|" * (hdr.count("|") - 1))
+for target in env["TARGETS"].split():
+    for load in LOADS:
+        cells = [c for c in results if c["target"] == target and c["load"] == load[0]]
+        m = load[5]
+        unit = " MiB/s" if m == "mib_s" else " IOPS"
+        ratios = [c["blkperf"][m] / c["fio"][m] for c in cells if c["fio"][m]]
+
+        def mv(tool, key, fmt):
+            v = [c[tool][key] for c in cells if c[tool].get(key) is not None]
+            return fmt % med(v) if v else "n/a"
+
+        loads = [c["loadavg_1m"] for c in cells]
+        row = "| %s | %s | %s | %s | %.3f | %.3f..%.3f | %s | %s |" % (
+            target, load[0], mv("fio", m, "%.0f") + unit, mv("blkperf", m, "%.0f") + unit,
+            med(ratios), min(ratios), max(ratios),
+            mv("fio", "cpu_us_req", "%.1f"), mv("blkperf", "cpu_us_req", "%.1f"))
+        if count:
+            row += " %s | %s | %s | %s |" % (
+                mv("fio", "syscalls_req", "%.2f"), mv("blkperf", "syscalls_req", "%.2f"),
+                mv("fio", "cswitch_req", "%.2f"), mv("blkperf", "cswitch_req", "%.2f"))
+        row += " %.1f (%.1f..%.1f) |" % (med(loads), min(loads), max(loads))
+        print(row)
+EOF

@@ -1,0 +1,758 @@
+/* The layer stack: builds protocol → filters → cache → plugin, routes the
+ * configuration through it, and runs every call on a context with
+ * nbdkit's rules (cached can_* answers, range checks, zero and cache
+ * emulation) whatever layer answers it. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+
+struct backend *backend_top;
+int backend_model = NBDKIT_THREAD_MODEL_PARALLEL;
+pthread_mutex_t backend_all_requests_lock = PTHREAD_MUTEX_INITIALIZER;
+__thread struct context *backend_current_ctx;
+static bool stack_inline_safe;
+
+/* Zeros for emulated WRITE_ZEROES, and a sink for emulated CACHE. */
+#define EMUL_BUF_SIZE (1024 * 1024)
+static void *zero_buf, *sink_buf;
+
+int backend_thread_model (void) { return backend_model; }
+bool backend_inline_safe (void) { return stack_inline_safe; }
+
+bool
+backend_valid_name (const char *name)
+{
+  if (!name || !((name[0] >= 'a' && name[0] <= 'z') || (name[0] >= 'A' && name[0] <= 'Z')
+                 || (name[0] >= '0' && name[0] <= '9')))
+    return false;
+  for (const char *s = name; *s; s++)
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')
+          || (*s >= '0' && *s <= '9') || *s == '-'))
+      return false;
+  return true;
+}
+
+/* A name with a '/' or ending in .so is a path; otherwise look for
+ * nbdkit-NAME-KIND.so in tree_dir/NAME/ (next to the running binary),
+ * then blkd's directory, then nbdkit's.  NULL if none is readable. */
+char *
+backend_find_so (const char *name, const char *kind, const char *tree_dir,
+                 const char *blkd_dir, const char *nbdkit_dir)
+{
+  size_t len = strlen (name);
+  if (strchr (name, '/') || (len > 3 && strcmp (name + len - 3, ".so") == 0)) {
+    char *resolved = realpath (name, NULL);
+    return resolved ? resolved : strdup (name);
+  }
+  char *exe = plugin_exe_dir ();
+  char *path = NULL;
+  for (int i = 0; i < 3; i++) {
+    int r;
+    if (i == 0)
+      r = exe ? asprintf (&path, "%s/%s/%s/nbdkit-%s-%s.so", exe, tree_dir, name, name, kind)
+              : -1;
+    else
+      r = asprintf (&path, "%s/nbdkit-%s-%s.so", i == 1 ? blkd_dir : nbdkit_dir, name, kind);
+    if (r < 0) {
+      path = NULL;
+      continue;
+    }
+    if (access (path, R_OK) == 0)
+      break;
+    free (path);
+    path = NULL;
+  }
+  free (exe);
+  return path;
+}
+
+/* ---- building the stack --------------------------------------------- */
+
+int
+backend_stack_load (const char *plugin, const char *const *filters, int nfilters,
+                    int argc, char **argv)
+{
+  struct backend *b = plugin_layer_load (plugin);
+  if (!b)
+    return -1;
+  backend_top = b;
+  if (cfg.cache_size) {
+    if (!(b = cache_layer_new (backend_top)))
+      return -1;
+    backend_top = b;
+  }
+  /* The first named is outermost, so load from the last. */
+  for (int i = nfilters - 1; i >= 0; i--) {
+    if (!(b = filter_layer_load (backend_top, filters[i])))
+      return -1;
+    backend_top = b;
+  }
+
+  /* key=value arguments go to the outermost layer, which keeps the keys
+   * it knows and passes on the rest; a bare one is the plugin's
+   * magic_config_key ("memory 1G" means "memory size=1G"). */
+  const char *magic = backend_top->magic_config_key (backend_top);
+  for (int i = 0; i < argc; i++) {
+    char *eq = strchr (argv[i], '=');
+    const char *key, *value;
+    /* Split in place, as nbdkit does: layers keep the key and value
+     * pointers (the eval plugin does), so they must live for ever. */
+    if (eq && eq != argv[i]) {
+      *eq = '\0';
+      key = argv[i];
+      value = eq + 1;
+    }
+    else {
+      if (!magic) {
+        fprintf (stderr, "blkd: %s: argument '%s' is not key=value and the plugin "
+                 "has no magic config key\n", plugin_name (), argv[i]);
+        return -1;
+      }
+      key = magic;
+      value = argv[i];
+    }
+    if (backend_config (backend_top, key, value) == -1)
+      return -1;
+  }
+  if (backend_config_complete (backend_top) == -1)
+    return -1;
+  backend_model = backend_top->thread_model (backend_top);
+  if (backend_model < 0) {
+    fprintf (stderr, "blkd: thread_model failed\n");
+    return -1;
+  }
+  if (backend_top->get_ready (backend_top) == -1)
+    return -1;
+  public_config_done = true;
+
+  stack_inline_safe = true;
+  for (b = backend_top; b; b = b->next)
+    stack_inline_safe &= b->inline_safe;
+
+  zero_buf = calloc (1, EMUL_BUF_SIZE);
+  sink_buf = malloc (EMUL_BUF_SIZE);
+  if (!zero_buf || !sink_buf) {
+    fprintf (stderr, "blkd: out of memory\n");
+    return -1;
+  }
+  return 0;
+}
+
+int
+backend_stack_dump (const char *plugin, const char *const *filters, int nfilters)
+{
+  struct backend *b = plugin_layer_load (plugin);
+  int err = 0;
+  if (!b)
+    return -1;
+  backend_top = b;
+  for (int i = nfilters - 1; i >= 0; i--) {
+    if (!(b = filter_layer_load (backend_top, filters[i]))) {
+      err = -1;
+      break;
+    }
+    backend_top = b;
+  }
+  if (err == 0) {
+    backend_model = backend_top->thread_model (backend_top);
+    for (b = backend_top; b; b = b->next)
+      if (!b->next)
+        b->dump (b);              /* the plugin's fields, as nbdkit prints them */
+    /* Then the filters, outermost first (nbdkit lists only the plugin). */
+    for (b = backend_top; b && b->next; b = b->next)
+      b->dump (b);
+    fflush (stdout);
+  }
+  backend_stack_unload ();
+  return err;
+}
+
+int
+backend_stack_after_fork (void)
+{
+  return backend_top ? backend_top->after_fork (backend_top) : 0;
+}
+
+void
+backend_stack_unload (void)
+{
+  if (backend_top && public_config_done)
+    backend_top->cleanup (backend_top);       /* outer to inner */
+  while (backend_top) {
+    struct backend *b = backend_top;
+    backend_top = b->next;
+    b->unload (b);                            /* frees b */
+  }
+  free (zero_buf);
+  free (sink_buf);
+  zero_buf = sink_buf = NULL;
+  public_release_global ();
+}
+
+/* ---- calls on a layer ---------------------------------------------- */
+
+int
+backend_config (struct backend *b, const char *key, const char *value)
+{
+  return b->config (b, key, value);
+}
+
+int
+backend_config_complete (struct backend *b)
+{
+  return b->config_complete (b);
+}
+
+int
+backend_preconnect (struct backend *b, int readonly)
+{
+  return b->preconnect (b, readonly);
+}
+
+/* As nbdkit: a list that asks for the default export gets its name here,
+ * so a filter sees the layer below's list resolved. */
+int
+backend_list_exports (struct backend *b, int readonly, struct nbdkit_exports *exports)
+{
+  bool tls = public_current && public_current->is_tls;
+  if (b->list_exports (b, readonly, tls, exports) == -1)
+    return -1;
+  if (exports->use_default) {
+    const char *d = backend_default_export (b, readonly);
+    if (public_exports_add_name (exports, d ? d : "") == -1)
+      return -1;
+  }
+  return 0;
+}
+
+const char *
+backend_default_export (struct backend *b, int readonly)
+{
+  bool tls = public_current && public_current->is_tls;
+  const char *s = b->default_export (b, readonly, tls);
+  if (s && strnlen (s, NBD_MAX_STRING + 1) > NBD_MAX_STRING)
+    return NULL;                    /* over-long: ignored, as nbdkit does */
+  return s;
+}
+
+static const struct nbdkit_next_ops next_ops = {
+  .prepare = backend_prepare,
+  .finalize = backend_finalize,
+  .get_size = backend_get_size,
+  .export_description = backend_export_description,
+  .block_size = backend_block_size,
+  .can_write = backend_can_write,
+  .can_flush = backend_can_flush,
+  .is_rotational = backend_is_rotational,
+  .can_trim = backend_can_trim,
+  .can_zero = backend_can_zero,
+  .can_fast_zero = backend_can_fast_zero,
+  .can_extents = backend_can_extents,
+  .can_fua = backend_can_fua,
+  .can_multi_conn = backend_can_multi_conn,
+  .can_cache = backend_can_cache,
+  .pread = backend_pread,
+  .pwrite = backend_pwrite,
+  .flush = backend_flush,
+  .trim = backend_trim,
+  .zero = backend_zero,
+  .extents = backend_extents,
+  .cache = backend_cache,
+};
+
+/* shared: not tied to the calling connection (a filter's background or
+ * cross-connection context, the cache's own handle). */
+struct context *
+backend_open (struct backend *b, int readonly, const char *exportname, int shared)
+{
+  struct backend_conn *conn = shared ? NULL : (public_current ? public_current->owner : NULL);
+  bool tls = conn ? conn->ctx.is_tls : false;
+  struct context *c = malloc (sizeof *c);
+  if (!c) {
+    nbdkit_error ("malloc: %m");
+    return NULL;
+  }
+  c->next = next_ops;
+  c->handle = NULL;
+  c->b = b;
+  c->c_next = NULL;
+  c->conn = conn;
+  c->state = 0;
+  c->exportsize = -1;
+  c->block_min = c->block_pref = c->block_max = -1;
+  c->can_write = readonly ? 0 : -1;
+  c->can_flush = c->is_rotational = c->can_trim = c->can_zero = -1;
+  c->can_fast_zero = c->can_extents = c->can_fua = c->can_multi_conn = -1;
+  c->can_cache = -1;
+
+  if (!*exportname && conn) {
+    exportname = backend_default_export (b, readonly);
+    if (!exportname) {
+      nbdkit_error ("default export (\"\") not permitted");
+      free (c);
+      return NULL;
+    }
+  }
+  struct context *saved = backend_current_ctx;
+  backend_current_ctx = c;
+  c->handle = b->open (c, readonly, exportname, tls);
+  backend_current_ctx = saved;
+  if (!c->handle) {
+    if (c->c_next)
+      backend_close (c->c_next);
+    free (c);
+    return NULL;
+  }
+  c->state = CTX_OPEN;
+  return c;
+}
+
+int
+backend_prepare (struct context *c)
+{
+  /* Inner first, like .open; a filter may not have opened a layer below. */
+  if (c->c_next && !(c->c_next->state & CTX_PREPARED)
+      && backend_prepare (c->c_next) == -1)
+    return -1;
+  if (c->b->prepare (c, c->can_write == 0) == -1)
+    return -1;
+  c->state |= CTX_PREPARED;
+  return 0;
+}
+
+int
+backend_finalize (struct context *c)
+{
+  /* Outer first, the reverse of .prepare; after a failure, nothing. */
+  if (c->state & CTX_FAILED)
+    return -1;
+  if (c->state & CTX_PREPARED) {
+    if (c->b->finalize (c) == -1) {
+      c->state |= CTX_FAILED;
+      return -1;
+    }
+    c->state &= ~CTX_PREPARED;
+  }
+  return c->c_next ? backend_finalize (c->c_next) : 0;
+}
+
+void
+backend_close (struct context *c)
+{
+  while (c) {                       /* outer to inner, the reverse of .open */
+    struct context *c_next = c->c_next;
+    c->b->close (c);
+    free (c);
+    c = c_next;
+  }
+}
+
+const char *
+backend_export_description (struct context *c)
+{
+  const char *s = c->b->export_description (c);
+  if (s && strnlen (s, NBD_MAX_STRING + 1) > NBD_MAX_STRING)
+    return NULL;
+  return s;
+}
+
+int64_t
+backend_get_size (struct context *c)
+{
+  if (c->exportsize == -1)
+    c->exportsize = c->b->get_size (c);
+  return c->exportsize;
+}
+
+int
+backend_block_size (struct context *c, uint32_t *min, uint32_t *pref, uint32_t *max)
+{
+  if (c->block_min == -1) {
+    if (c->b->block_size (c, min, pref, max) == -1)
+      return -1;
+    c->block_min = *min;
+    c->block_pref = *pref;
+    c->block_max = *max;
+  }
+  *min = c->block_min;
+  *pref = c->block_pref;
+  *max = c->block_max;
+  return 0;
+}
+
+/* A cached answer, asked once.  Write-dependent ones are 0 on a
+ * read-only context without asking, as nbdkit does. */
+#define CACHED_CAN(field, needs)                                        \
+  int                                                                   \
+  backend_##field (struct context *c)                                   \
+  {                                                                     \
+    if (c->field == -1) {                                               \
+      int r_ = needs;                                                   \
+      if (r_ != 1) {                                                    \
+        if (r_ == -1)                                                   \
+          return -1;                                                    \
+        c->field = 0;                                                   \
+      }                                                                 \
+      else                                                              \
+        c->field = c->b->field (c);                                     \
+    }                                                                   \
+    return c->field;                                                    \
+  }
+
+CACHED_CAN (can_write, 1)
+CACHED_CAN (can_flush, 1)
+CACHED_CAN (is_rotational, 1)
+CACHED_CAN (can_trim, backend_can_write (c))
+CACHED_CAN (can_zero, backend_can_write (c))
+CACHED_CAN (can_fast_zero, backend_can_zero (c) >= NBDKIT_ZERO_EMULATE ? 1
+                           : backend_can_zero (c) < 0 ? -1 : 0)
+CACHED_CAN (can_extents, 1)
+CACHED_CAN (can_fua, backend_can_write (c))
+CACHED_CAN (can_multi_conn, 1)
+CACHED_CAN (can_cache, 1)
+#undef CACHED_CAN
+
+/* ---- the request path ----------------------------------------------- */
+
+/* nbdkit asserts these; a filter handing a bad request down gets EINVAL
+ * here instead, so no plugin sees a range outside its disk. */
+static inline bool
+valid_range (struct context *c, uint64_t offset, uint32_t count)
+{
+  int64_t size = c->exportsize != -1 ? c->exportsize : backend_get_size (c);
+  return size >= 0 && count > 0 && offset <= (uint64_t) size
+         && count <= (uint64_t) size - offset;
+}
+
+static inline int
+refuse (int *err, int e)
+{
+  *err = e;
+  return -1;
+}
+
+/* The layer's own failure without an errno is EIO, never 0. */
+static inline int
+checked (int r, int *err)
+{
+  if (r == -1 && *err <= 0)
+    *err = EIO;
+  return r;
+}
+
+int
+backend_pread (struct context *c, void *buf, uint32_t count, uint64_t offset,
+               uint32_t flags, int *err)
+{
+  if (__builtin_expect (!valid_range (c, offset, count) || flags, 0))
+    return refuse (err, EINVAL);
+  return checked (c->b->pread (c, buf, count, offset, flags, err), err);
+}
+
+static inline bool
+fua_ok (struct context *c, uint32_t flags)
+{
+  return !(flags & NBDKIT_FLAG_FUA) || backend_can_fua (c) > NBDKIT_FUA_NONE;
+}
+
+int
+backend_pwrite (struct context *c, const void *buf, uint32_t count, uint64_t offset,
+                uint32_t flags, int *err)
+{
+  if (backend_can_write (c) != 1)
+    return refuse (err, EROFS);
+  if (!valid_range (c, offset, count) || (flags & ~NBDKIT_FLAG_FUA) || !fua_ok (c, flags))
+    return refuse (err, EINVAL);
+  return checked (c->b->pwrite (c, buf, count, offset, flags, err), err);
+}
+
+int
+backend_flush (struct context *c, uint32_t flags, int *err)
+{
+  if (backend_can_flush (c) != 1 || flags)
+    return refuse (err, EINVAL);
+  return checked (c->b->flush (c, flags, err), err);
+}
+
+int
+backend_trim (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  if (backend_can_write (c) != 1)
+    return refuse (err, EROFS);
+  if (backend_can_trim (c) != 1 || !valid_range (c, offset, count)
+      || (flags & ~NBDKIT_FLAG_FUA) || !fua_ok (c, flags))
+    return refuse (err, EINVAL);
+  return checked (c->b->trim (c, count, offset, flags, err), err);
+}
+
+int
+backend_zero (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  bool fast = flags & NBDKIT_FLAG_FAST_ZERO;
+  if (backend_can_write (c) != 1)
+    return refuse (err, EROFS);
+  int zero = backend_can_zero (c);
+  if (zero <= NBDKIT_ZERO_NONE || !valid_range (c, offset, count)
+      || (flags & ~(NBDKIT_FLAG_MAY_TRIM | NBDKIT_FLAG_FUA | NBDKIT_FLAG_FAST_ZERO))
+      || !fua_ok (c, flags) || (fast && backend_can_fast_zero (c) != 1))
+    return refuse (err, EINVAL);
+
+  if (zero == NBDKIT_ZERO_NATIVE) {
+    int r = checked (c->b->zero (c, count, offset, flags, err), err);
+    /* ENOTSUP without FAST_ZERO would let a client see "not supported"
+     * for a command we advertised; nbdkit's layers never return it. */
+    if (r == -1 && !fast && (*err == ENOTSUP || *err == EOPNOTSUPP))
+      *err = EIO;
+    return r;
+  }
+  /* NBDKIT_ZERO_EMULATE: write zeros, FUA on the last piece only. */
+  if (fast)
+    return refuse (err, ENOTSUP);
+  uint32_t wflags = 0;
+  bool fua_last = flags & NBDKIT_FLAG_FUA;
+  while (count) {
+    uint32_t n = count < EMUL_BUF_SIZE ? count : EMUL_BUF_SIZE;
+    if (fua_last && n == count)
+      wflags = NBDKIT_FLAG_FUA;
+    if (backend_pwrite (c, zero_buf, n, offset, wflags, err) == -1)
+      return -1;
+    count -= n;
+    offset += n;
+  }
+  return 0;
+}
+
+int
+backend_extents (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                 struct nbdkit_extents *extents, int *err)
+{
+  int can = backend_can_extents (c);
+  if (can < 0 || !valid_range (c, offset, count) || (flags & ~NBDKIT_FLAG_REQ_ONE))
+    return refuse (err, EINVAL);
+  if (can == 0) {                   /* no extents: all of it is data */
+    if (nbdkit_add_extent (extents, offset, count, 0) == -1)
+      return refuse (err, errno ? errno : ENOMEM);
+    return 0;
+  }
+  return checked (c->b->extents (c, count, offset, flags, extents, err), err);
+}
+
+int
+backend_cache (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  int can = backend_can_cache (c);
+  if (can <= NBDKIT_CACHE_NONE || !valid_range (c, offset, count) || flags)
+    return refuse (err, EINVAL);
+  if (can == NBDKIT_CACHE_EMULATE) {  /* read and drop the data */
+    while (count) {
+      uint32_t n = count < EMUL_BUF_SIZE ? count : EMUL_BUF_SIZE;
+      if (backend_pread (c, sink_buf, n, offset, 0, err) == -1)
+        return -1;
+      count -= n;
+      offset += n;
+    }
+    return 0;
+  }
+  return checked (c->b->cache (c, count, offset, flags, err), err);
+}
+
+/* ---- the connection's view of the stack ----------------------------- */
+
+void
+backend_conn_init (struct backend_conn *bc, int fd)
+{
+  memset (bc, 0, sizeof *bc);
+  pthread_mutex_init (&bc->request_lock, NULL);
+  bc->ctx.peer_fd = fd;
+  bc->ctx.owner = bc;
+}
+
+void
+backend_conn_fini (struct backend_conn *bc)
+{
+  backend_conn_close (bc);
+  public_conn_ctx_release (&bc->ctx);
+  pthread_mutex_destroy (&bc->request_lock);
+}
+
+int
+backend_conn_preconnect (struct backend_conn *bc, bool readonly)
+{
+  public_current = &bc->ctx;
+  int r = backend_preconnect (backend_top, readonly);
+  public_current = NULL;
+  return r;
+}
+
+/* Unresolved at the top: the handshake puts -e's name or the default in. */
+struct nbdkit_exports *
+backend_conn_list_exports (struct backend_conn *bc, bool readonly)
+{
+  struct nbdkit_exports *e = public_exports_new ();
+  if (!e)
+    return NULL;
+  public_current = &bc->ctx;
+  int r = backend_top->list_exports (backend_top, readonly, bc->ctx.is_tls, e);
+  public_current = NULL;
+  if (r == -1) {
+    public_exports_free (e);
+    return NULL;
+  }
+  return e;
+}
+
+const char *
+backend_conn_default_export (struct backend_conn *bc, bool readonly)
+{
+  public_current = &bc->ctx;
+  const char *d = backend_default_export (backend_top, readonly);
+  public_current = NULL;
+  return d;
+}
+
+/* What the protocol and handshake read on every request, from the top. */
+static int
+fetch_caps (struct backend_conn *bc)
+{
+  struct context *c = bc->top;
+  struct backend_caps *k = &bc->caps;
+  int r;
+
+  memset (k, 0, sizeof *k);
+  if ((k->size = backend_get_size (c)) < 0)
+    return -1;
+  if ((r = backend_can_write (c)) < 0)
+    return -1;
+  k->can_write = r;
+  if ((r = backend_can_flush (c)) < 0)
+    return -1;
+  k->can_flush = r;
+  if ((r = backend_is_rotational (c)) < 0)
+    return -1;
+  k->is_rotational = r;
+  if ((r = backend_can_trim (c)) < 0)
+    return -1;
+  k->can_trim = r;
+  if ((r = backend_can_zero (c)) < 0)
+    return -1;
+  k->can_zero = r;
+  if ((r = backend_can_fast_zero (c)) < 0)
+    return -1;
+  k->can_fast_zero = r;
+  if ((r = backend_can_fua (c)) < 0)
+    return -1;
+  k->can_fua = r;
+  if ((r = backend_can_multi_conn (c)) < 0)
+    return -1;
+  k->can_multi_conn = r && backend_model != NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS;
+  if ((r = backend_can_cache (c)) < 0)
+    return -1;
+  k->can_cache = r;
+  if ((r = backend_can_extents (c)) < 0)
+    return -1;
+  k->can_extents = r;
+
+  uint32_t min, pref, max;
+  if (backend_block_size (c, &min, &pref, &max) == -1)
+    return -1;
+  if (min || pref || max) {
+    bool pow2_min = min && !(min & (min - 1)), pow2_pref = pref && !(pref & (pref - 1));
+    if (!(pow2_min && min <= 65536 && pow2_pref && pref >= 512 && pref <= 32 * 1024 * 1024
+          && (max == 0xffffffff || max % min == 0) && min <= pref && pref <= max)) {
+      nbdkit_error ("invalid block size constraints %u/%u/%u", min, pref, max);
+      return -1;
+    }
+    k->block_min = min;
+    k->block_pref = pref;
+    k->block_max = max;
+  }
+  return 0;
+}
+
+int
+backend_conn_open (struct backend_conn *bc, const char *export_name, bool readonly)
+{
+  bc->ctx.export_name = export_name;
+  backend_lock_request (bc);
+  bc->top = backend_open (backend_top, readonly, export_name, 0);
+  if (!bc->top) {
+    backend_unlock_request (bc);
+    log_error ("%s %s: open failed for export \"%s\"", backend_top->type,
+               backend_top->name, export_name);
+    return -1;
+  }
+  int r = backend_prepare (bc->top);
+  if (r == 0)
+    r = fetch_caps (bc);
+  backend_unlock_request (bc);
+  if (r == -1) {
+    log_error ("%s %s: preparing export \"%s\" failed", backend_top->type,
+               backend_top->name, export_name);
+    backend_conn_close (bc);
+    return -1;
+  }
+  return 0;
+}
+
+void
+backend_conn_close (struct backend_conn *bc)
+{
+  if (!bc->top)
+    return;
+  backend_lock_request (bc);
+  if (backend_finalize (bc->top) == -1)
+    log_error ("%s %s: finalize failed", backend_top->type, backend_top->name);
+  backend_close (bc->top);
+  backend_unlock_request (bc);
+  bc->top = NULL;
+}
+
+const char *
+backend_conn_export_description (struct backend_conn *bc)
+{
+  backend_lock_request (bc);
+  const char *d = backend_export_description (bc->top);
+  backend_unlock_request (bc);
+  return d;
+}
+
+/* ---- contexts for filters (public.c's nbdkit_next_context_* etc.) ---- */
+
+/* A context of the layer below the one being opened or running.  Not
+ * prepared: the filter calls next->prepare, as with nbdkit. */
+struct context *
+backend_next_context_open (struct backend *b, int readonly, const char *exportname,
+                           int shared)
+{
+  struct context *cur = backend_current_ctx;
+  if (!b) {
+    nbdkit_error ("nbdkit_next_context_open: no backend");
+    return NULL;
+  }
+  if (cur && b != cur->b->next) {
+    nbdkit_error ("nbdkit_next_context_open: not the layer below the caller");
+    return NULL;
+  }
+  return backend_open (b, readonly, exportname, shared || !cur || !cur->conn);
+}
+
+struct backend *
+backend_context_below (struct context *c)
+{
+  return c ? c->b->next : NULL;
+}
+
+struct context *
+backend_context_swap_next (struct context *c, struct context *next)
+{
+  if (!c || (next && next->b != c->b->next))
+    return NULL;
+  struct context *old = c->c_next;
+  c->c_next = next;
+  return old;
+}
