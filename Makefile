@@ -54,7 +54,7 @@ DEPS = build-essential pkg-config libevent-dev libssl-dev openssl \
 
 SERVER_SRCS = $(wildcard server/*.c)
 SERVER_OBJS = $(SERVER_SRCS:%.c=$(BUILD)/%.o)
-SERVER_LIBS = -levent_core -levent_extra -levent_pthreads -lssl -lcrypto -ldl -lm
+SERVER_LIBS = -levent_core -levent_extra -lssl -lcrypto -ldl -lm
 
 .PHONY: all deps run check install clean bench bench-anchors
 all: blkd
