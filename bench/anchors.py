@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Side-by-side anchors for blkd's I/O engine (issue 3), with fio's nbd engine.
+"""Side-by-side anchors for blkd's I/O engine, with fio's nbd engine.
 
 Each workload runs against every server in turn, the order reversed on
 alternate rounds (A B C, C B A, ...), for ROUNDS rounds; we report medians,

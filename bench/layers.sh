@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the layer stack costs per request (issue 13).  Two experiments, each
+# What the layer stack costs per request.  Two experiments, each
 # a set of cells run in alternating order round after round:
 #
 #  1. No filter: the server before the layer stack (A: $BASE, default the

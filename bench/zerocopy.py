@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Zero-copy rows (issue 17 item 1): blkd hosting `ram` (which lends its
+"""Zero-copy rows: blkd hosting `ram` (which lends its
 chunks to READ replies and receives aligned WRITEs in place) against
 nbdkit 1.32 with Debian's memory plugin, with blkd hosting Debian's memory
 plugin (blkd's copying path) beside them for reference.
@@ -9,7 +9,7 @@ not holes): 256k sequential read QD16 and 256k sequential write QD16.
 Cells are run by bench/anchors.py's machinery: servers alternate (A B C,
 C B A, ...), each cell waits for a quiet machine and records the 1-minute
 load average before it, and server CPU comes from /proc/PID/stat around
-the run.  This script only picks the rows and prints what issue 17's
+the run.  This script only picks the rows and prints what the zero-copy
 targets name: MiB/s, server user and system CPU µs per MiB, and their
 ratios against nbdkit (read target: user ≤ 0.2×, total ≤ 0.75×, MiB/s
 ≥ 1.3×; write target: MiB/s ≥ 1.1×, CPU ≤ 0.8×).  "*" marks a row with a

@@ -75,6 +75,18 @@
 #define NBD_CMD_BLOCK_STATUS  7
 #define NBD_CMD_COUNT         8   /* number of command types we account for */
 
+/* The one command-name table: log lines and metric labels use it. */
+static inline const char *
+nbd_cmd_name (uint32_t type)
+{
+  static const char *const names[NBD_CMD_COUNT] = {
+    [NBD_CMD_READ] = "read", [NBD_CMD_WRITE] = "write", [NBD_CMD_DISC] = "disc",
+    [NBD_CMD_FLUSH] = "flush", [NBD_CMD_TRIM] = "trim", [NBD_CMD_CACHE] = "cache",
+    [NBD_CMD_WRITE_ZEROES] = "write_zeroes", [NBD_CMD_BLOCK_STATUS] = "block_status",
+  };
+  return type < NBD_CMD_COUNT ? names[type] : "unknown";
+}
+
 /* Command flags. */
 #define NBD_CMD_FLAG_FUA       (1u << 0)
 #define NBD_CMD_FLAG_NO_HOLE   (1u << 1)

@@ -46,7 +46,8 @@
  * export that is not gets no cache in writeback mode.
  *
  * Entries come from slabs of N entries plus their data blocks.  With
- * --cache-ctor=no (the default until measured otherwise) an entry is
+ * --cache-ctor=no (the default: the A/B in docs/BENCHMARKS.md found no
+ * gain from keeping entries constructed) an entry is
  * initialised when it is allocated and torn down when freed; with
  * --cache-ctor=yes a constructor runs over every entry when its slab is
  * made and a freed entry is put back in its constructed state (the

@@ -1,4 +1,4 @@
-/* The block cache (--cache, seed 004): one layer of the stack, just above
+/* The block cache (--cache): one layer of the stack, just above
  * the plugin and below the filters, present only with --cache (cache.c).
  * The layer itself is built by cache_layer_new (backend.h); this header
  * is what the rest of the server reads: the counters. */

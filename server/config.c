@@ -8,7 +8,7 @@ struct blkd_config cfg = {
   .iobuf = IOBUF_POOL,
   .queue = QUEUE_SPLIT,
   .dispatch = DISPATCH_AUTO,
-  .sparse_reads = 2,                /* auto: where extents are cheap */
+  .sparse_reads = SPARSE_READS_AUTO,
   .handshake_timeout = 10,
   .tls = TLS_OFF,
   .tls_seal = TLS_SEAL_OPENSSL,     /* --tls-seal=blkd is the opt-in */

@@ -16,7 +16,6 @@
 
 #include "internal.h"
 #include "delayacct.h"
-#include "metrics.h"
 
 #define RBUF_SIZE        (64 * 1024)
 /* A payload remainder at least this big is read straight into its buffer
@@ -87,7 +86,7 @@ conn_new (struct shard *s, int fd, const char *peer)
     s->conns->prev = c;
   s->conns = c;
   s->nconns++;
-  metrics_conn_new (c);
+  stats_conn_new (c);
   return c;
 
 fail:
@@ -147,7 +146,7 @@ request_free (struct conn *c, struct request *r)
   if (r->buf)
     c->buf_bytes -= r->buf->cap;
   iobuf_put (pool, r->buf);
-  iobuf_req_put (pool, r);
+  request_put (pool, r);
   /* Idle time counts from the last reply too, not only the last request:
    * a request that ran longer than --idle-timeout is not idleness. */
   if (--c->inflight == 0 && cfg.idle_timeout)
@@ -172,7 +171,7 @@ drop_output (struct conn *c)
 static inline ssize_t
 conn_sendv (struct conn *c, struct iovec *iov, int n, int flags)
 {
-  if (c->tls && !c->starttls_pending)
+  if (c->tls && !(c->read_block & CONN_READ_STARTTLS))
     return tls_sendv (c, iov, n);
   struct msghdr msg = { .msg_iov = iov, .msg_iovlen = n };
   return sendmsg (c->fd, &msg, MSG_NOSIGNAL | flags);
@@ -185,7 +184,7 @@ send_failed (struct conn *c, const char *what)
 {
   if (errno == EAGAIN || errno == EWOULDBLOCK) {
     if (!c->stall_expired)
-      c->send_full = true;
+      c->read_block |= CONN_READ_SEND_FULL;
     return 1;
   }
   if (errno == EINTR)
@@ -281,7 +280,7 @@ send_pending (struct conn *c)
     if (n == 0) {
       int r = c->tls ? tls_flushed (c) : 0;
       if (r == 1 && tls_unsent (c) && !c->stall_expired)
-        c->send_full = true;        /* sealed records wait for the socket */
+        c->read_block |= CONN_READ_SEND_FULL;   /* sealed records wait for the socket */
       return r;
     }
 
@@ -332,7 +331,8 @@ send_pending (struct conn *c)
 static void
 resume_if_unblocked (struct conn *c)
 {
-  if (c->read_paused && !c->waiting_buffers && !c->stalled_req && !c->send_full
+  if ((c->read_block & (CONN_READ_PAUSED | CONN_READ_BUFFERS | CONN_READ_SEND_FULL))
+      == CONN_READ_PAUSED && !c->stalled_req
       && c->inflight < cfg.max_inflight && c->olen - c->ooff <= OBUF_PAUSE)
     conn_resume_reading (c);
 }
@@ -352,7 +352,8 @@ conn_flush (struct conn *c)
       event_add (c->ev_write, NULL);
     else {
       event_del (c->ev_write);
-      c->send_full = c->stall_expired = false;
+      c->read_block &= ~CONN_READ_SEND_FULL;
+      c->stall_expired = false;
       event_del (c->ev_stall);
     }
   }
@@ -409,14 +410,14 @@ conn_on_complete (struct request *r)
     }
   }
   /* Big replies go out now, before the next request evicts them from
-   * cache.  A full socket sets send_full, which stops the parser.  An
-   * error stops it too (want_close); the conn_flush that follows every
+   * cache.  A full socket sets CONN_READ_SEND_FULL, which stops the
+   * parser.  An error stops it too (CONN_READ_CLOSING); the conn_flush that follows every
    * batch meets the error again and closes: closing here would free c
    * under the parser. */
-  if (c->sendq_bytes >= SEND_EAGER && !c->send_full && !c->want_close
-      && !c->starttls_pending && c->phase == CONN_TRANSMISSION
+  if (c->sendq_bytes >= SEND_EAGER && c->phase == CONN_TRANSMISSION
+      && !(c->read_block & (CONN_READ_SEND_FULL | CONN_READ_CLOSING | CONN_READ_STARTTLS))
       && send_pending (c) == -1)
-    c->want_close = true;           /* stop parsing; conn_flush closes */
+    c->read_block |= CONN_READ_CLOSING;  /* stop parsing; conn_flush closes */
   shard_mark_flush (c->shard, c);
 }
 
@@ -443,9 +444,9 @@ process_input (struct conn *c)
 static void
 pause_reading (struct conn *c)
 {
-  if (!c->read_paused) {
+  if (!(c->read_block & CONN_READ_PAUSED)) {
     event_del (c->ev_read);
-    c->read_paused = true;
+    c->read_block |= CONN_READ_PAUSED;
   }
 }
 
@@ -527,7 +528,7 @@ conn_pump (struct conn *c, bool do_read)
     if (process_input (c) == -1) {
       /* A protocol error: answer what came before it, then close
        * (conn_maybe_free does, once the replies are out). */
-      c->want_close = true;
+      c->read_block |= CONN_READ_CLOSING;
       pause_reading (c);
       break;
     }
@@ -535,11 +536,11 @@ conn_pump (struct conn *c, bool do_read)
       pause_reading (c);
       break;
     }
-    if (c->phase == CONN_CLOSING || c->want_close) {
+    if (c->phase == CONN_CLOSING || (c->read_block & CONN_READ_CLOSING)) {
       pause_reading (c);
       break;
     }
-    if (c->send_full) {
+    if (c->read_block & CONN_READ_SEND_FULL) {
       pause_reading (c);
       static const struct timeval stall = { 0, SEND_STALL_MS * 1000 };
       if (!evtimer_pending (c->ev_stall, NULL))
@@ -554,7 +555,7 @@ conn_pump (struct conn *c, bool do_read)
       break;
   }
   /* TLS may hold whole records the socket will not announce again. */
-  if (c->tls && !blocked && !c->read_paused && tls_pending (c))
+  if (c->tls && !blocked && !(c->read_block & CONN_READ_PAUSED) && tls_pending (c))
     event_active (c->ev_read, EV_READ, 1);
   conn_flush (c);
 }
@@ -586,7 +587,7 @@ conn_on_stall (evutil_socket_t fd, short what, void *arg)
   struct conn *c = arg;
   log_current = &c->log;
   c->stall_expired = true;
-  c->send_full = false;
+  c->read_block &= ~CONN_READ_SEND_FULL;
   resume_if_unblocked (c);
   log_current = NULL;
 }
@@ -594,10 +595,10 @@ conn_on_stall (evutil_socket_t fd, short what, void *arg)
 void
 conn_resume_reading (struct conn *c)
 {
-  if (c->fd < 0 || c->want_close || c->phase == CONN_CLOSING)
+  if (c->fd < 0 || (c->read_block & CONN_READ_CLOSING) || c->phase == CONN_CLOSING)
     return;
-  if (c->read_paused) {
-    c->read_paused = false;
+  if (c->read_block & CONN_READ_PAUSED) {
+    c->read_block &= ~CONN_READ_PAUSED;
     event_add (c->ev_read, NULL);
   }
   /* Bytes already buffered are not announced by the socket again: run
@@ -616,7 +617,7 @@ void
 conn_shutdown (struct conn *c)
 {
   log_current = &c->log;
-  c->want_close = true;
+  c->read_block |= CONN_READ_CLOSING;
   pause_reading (c);
   if (c->phase != CONN_TRANSMISSION) {
     conn_close_now (c);
@@ -662,7 +663,7 @@ conn_close_now (struct conn *c)
 static bool
 conn_maybe_free (struct conn *c)
 {
-  bool closing = c->fd < 0 || c->want_close;
+  bool closing = c->fd < 0 || (c->read_block & CONN_READ_CLOSING);
   if (!closing)
     return false;
   if (c->fd >= 0 && (c->sendq_head || c->olen > c->ooff || tls_unsent (c)))
@@ -700,7 +701,7 @@ conn_maybe_free (struct conn *c)
   free (c->export_name);
   if (log_current == &c->log)
     log_current = NULL;
-  metrics_conn_gone (c);
+  stats_conn_gone (c);
   shard_conn_gone (s, c);
   free (c);
   return true;

@@ -1,8 +1,9 @@
-/* Request accounting and compact delay accounting (seed 001): see
- * delayacct.h for the three modes.  The per-shard blocks outlive the shards
+/* Request accounting, per-connection records and compact delay
+ * accounting: see delayacct.h for the three modes.  The per-shard blocks outlive the shards
  * (they are freed after the metrics server stops), so the metrics thread
  * never touches a struct shard. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +57,81 @@ stats_free (void)
   free (blocks);
   blocks = NULL;
   nblocks = 0;
+}
+
+/* ---- per-connection records, for /stats (shard threads write) ------- */
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct conn_stats *reg_head;
+static uint64_t reg_total;            /* connections ever registered */
+
+void
+stats_conn_new (struct conn *c)
+{
+  if (!cfg.metrics_addr)
+    return;
+  struct conn_stats *cs = calloc (1, sizeof *cs);
+  if (!cs)
+    return;                           /* only /stats misses it */
+  cs->id = c->id;
+  cs->shard = c->shard->index;
+  snprintf (cs->peer, sizeof cs->peer, "%s", c->peer);
+  pthread_mutex_lock (&reg_lock);
+  cs->next = reg_head;
+  if (reg_head)
+    reg_head->prev = cs;
+  reg_head = cs;
+  reg_total++;
+  pthread_mutex_unlock (&reg_lock);
+  c->mstats = cs;
+}
+
+void
+stats_conn_gone (struct conn *c)
+{
+  struct conn_stats *cs = c->mstats;
+  if (!cs)
+    return;
+  pthread_mutex_lock (&reg_lock);
+  if (cs->prev)
+    cs->prev->next = cs->next;
+  else
+    reg_head = cs->next;
+  if (cs->next)
+    cs->next->prev = cs->prev;
+  pthread_mutex_unlock (&reg_lock);
+  free (cs->export_name);
+  free (cs);
+  c->mstats = NULL;
+}
+
+void
+stats_set_export (struct conn *c)
+{
+  char *name = strdup (c->export_name ? c->export_name : "");
+  if (!name)
+    return;
+  pthread_mutex_lock (&reg_lock);
+  c->mstats->export_name = name;
+  pthread_mutex_unlock (&reg_lock);
+}
+
+uint64_t
+stats_conns_total (void)
+{
+  pthread_mutex_lock (&reg_lock);
+  uint64_t total = reg_total;
+  pthread_mutex_unlock (&reg_lock);
+  return total;
+}
+
+void
+stats_conns_each (void (*fn) (const struct conn_stats *cs, bool first, void *arg), void *arg)
+{
+  pthread_mutex_lock (&reg_lock);
+  for (struct conn_stats *cs = reg_head; cs; cs = cs->next)
+    fn (cs, cs == reg_head, arg);
+  pthread_mutex_unlock (&reg_lock);
 }
 
 size_t
@@ -165,7 +241,6 @@ delayacct_done (struct conn *c, struct request *r)
   STAT_ADD (k->bytes, bytes);
   if (r->error || !sent)
     STAT_ADD (k->errors, 1);
-  stat_set (&st->iobuf_bytes, iobuf_pool_bytes (c->shard->pool));
 
   if (cfg.delayacct == DELAYACCT_OFF || !sent)
     return;

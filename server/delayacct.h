@@ -1,18 +1,18 @@
-/* Request accounting and compact delay accounting (seed 001).
+/* Request accounting, per-connection records and compact delay accounting.
  *
  * Every request is counted by command (requests, bytes, errors) and, unless
  * --delayacct=off, timed in three phases: queued (parsed -> plugin call
  * starts), plugin (the call itself) and send (reply ready -> last byte
  * handed to the socket).
  *
- * --delayacct=compact (the default) is the seed's "after": the per-shard
+ * --delayacct=compact (the default, the kernel change's "after"): the per-shard
  * block has no lock and no start/end timestamps.  Start and end times live
  * in locals where they are taken; only durations travel in the request, and
  * every counter is updated on the shard thread, its single writer, with
  * relaxed atomic stores (no read-modify-write atomics, no lock).  The one
  * flag -- "this phase has been used" -- rides in the top bit of the count.
  *
- * --delayacct=locked is the seed's "before": a mutex-guarded struct per
+ * --delayacct=locked (the "before"): a mutex-guarded struct per
  * shard, command and phase that stores the start and end timestamps and a
  * separate flags word, updated where the time is taken (a worker thread for
  * the queued and plugin phases), so the shard thread and its workers share
@@ -61,13 +61,13 @@ struct da_cmd {
 struct shard_stats {
   struct da_cmd cmd[DA_NCMD];
   uint64_t started, completed;          /* requests parsed / freed */
-  uint64_t iobuf_bytes;                 /* the pool's size, copied as each request ends */
+  struct iobuf_counters iobuf;          /* written by the shard's pool (iobuf.c) */
   struct da_phase_locked (*locked)[DA_PHASES];  /* [DA_NCMD], --delayacct=locked */
 } __attribute__ ((aligned (64)));
 
 /* Per connection, for /stats; written by the connection's shard thread. */
 struct conn_stats {
-  struct conn_stats *next, *prev;       /* registry (metrics.c), under its lock */
+  struct conn_stats *next, *prev;       /* registry (delayacct.c), under its lock */
   uint64_t id;
   int shard;
   char peer[64];
@@ -80,7 +80,16 @@ struct conn_stats {
 struct shard_stats *stats_shard (int i);
 int stats_nshards (void);
 void stats_free (void);
-void stats_set_export (struct conn *c);  /* metrics.c */
+/* Shard thread: a connection appears (a record when --metrics is on) /
+ * is about to be freed; its export name, once known. */
+void stats_conn_new (struct conn *c);
+void stats_conn_gone (struct conn *c);
+void stats_set_export (struct conn *c);
+/* Metrics thread: connections ever registered; each record, under the
+ * registry lock (fn must not block). */
+uint64_t stats_conns_total (void);
+void stats_conns_each (void (*fn) (const struct conn_stats *cs, bool first, void *arg),
+                       void *arg);
 
 void da_locked_begin (struct request *r, uint64_t t0);
 void da_locked_end (struct request *r, uint64_t t0, uint64_t t1);

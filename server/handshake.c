@@ -58,7 +58,7 @@ handshake_start (struct conn *c)
   memcpy (g + 16, &flags, 2);
   c->phase = CONN_HS_CLIENT_FLAGS;
   if (conn_out_append (c, g, sizeof g) == -1)
-    c->want_close = true;
+    c->read_block |= CONN_READ_CLOSING;
 }
 
 /* The transmission flags for the open export. */
@@ -354,7 +354,7 @@ opt_starttls (struct conn *c, uint32_t len)
   if (send_option_reply (c, NBD_OPT_STARTTLS, NBD_REP_ACK, NULL, 0) == -1
       || tls_start (c) == -1)
     return -1;
-  c->starttls_pending = true;
+  c->read_block |= CONN_READ_STARTTLS;
   c->phase = CONN_TLS_HANDSHAKE;
   return 0;
 }
@@ -384,7 +384,7 @@ handle_option (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
     return opt_export_name (c, d, len);
   case NBD_OPT_ABORT:
     send_option_reply (c, option, NBD_REP_ACK, NULL, 0);
-    c->want_close = true;
+    c->read_block |= CONN_READ_CLOSING;
     return 0;
   case NBD_OPT_LIST:
     return opt_list (c, len);
@@ -414,7 +414,7 @@ handshake_consume (struct conn *c)
   uint8_t *in = c->rbuf + c->roff;
   size_t avail = c->rlen - c->roff;
 
-  if (c->want_close)
+  if (c->read_block & CONN_READ_CLOSING)
     return 0;
   if (c->phase == CONN_HS_CLIENT_FLAGS) {
     if (avail < 4)

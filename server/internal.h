@@ -1,5 +1,33 @@
 /* Declarations shared between the server's files: configuration, shards,
  * connections, requests, the plugin host, buffers and queues. */
+
+/* The life of a request, and the function at each step (file):
+ *
+ *  accept     on_accept (listen.c) → shard_handoff → the shard's eventfd →
+ *             shard_on_notify → conn_new, conn_start (conn.c)
+ *  handshake  conn_on_read → conn_pump → read_some, process_input →
+ *             handshake_consume (handshake.c; tls.c after STARTTLS) until
+ *             the phase is CONN_TRANSMISSION
+ *  parse      protocol_consume (protocol.c): request_get from the shard's
+ *             pool, protocol_validate, attach_buffer (a WRITE's payload is
+ *             read by read_some into its buffer first); or park on the pool
+ *             with shard_wait_buffers, retried by protocol_retry_stalled
+ *  dispatch   start_request → shard_dispatch (shard.c): inline on the shard
+ *             thread, or queue_push (queue.c) to a worker that runs
+ *             shard_run_request
+ *  backend    protocol_execute → backend (layer stack): backend_pread,
+ *             backend_pwrite, ... on c->pc.top (backend.c), down through
+ *             filters and the cache to the plugin (docs/ARCHITECTURE.md);
+ *             timed by delayacct_plugin_begin/end (delayacct.h)
+ *  reply      protocol_execute builds the reply iovecs (put_simple,
+ *             put_error, put_read_reply); inline: conn_on_complete; from a
+ *             worker: shard_complete → shard_on_notify → conn_on_complete,
+ *             which queues it on the connection and shard_mark_flush
+ *  send       shard_flush_marked → conn_flush → send_pending (one sendmsg
+ *             for many replies, tls_sendv under TLS, sendfile for lent file
+ *             data) → request_free: delayacct_done, request_put
+ *
+ * Back-pressure at any step stops reading; why is c->read_block. */
 #ifndef BLKD_INTERNAL_H
 #define BLKD_INTERNAL_H
 
@@ -31,6 +59,8 @@ enum tls_mode { TLS_OFF, TLS_ON, TLS_REQUIRE };
 enum tls_seal { TLS_SEAL_BLKD, TLS_SEAL_OPENSSL };
 enum delayacct_mode { DELAYACCT_COMPACT, DELAYACCT_LOCKED, DELAYACCT_OFF };
 enum cache_mode { CACHE_WRITETHROUGH, CACHE_WRITEBACK };
+/* --sparse-reads; NO and YES are what nbdkit_parse_bool returns. */
+enum sparse_reads { SPARSE_READS_NO = 0, SPARSE_READS_YES = 1, SPARSE_READS_AUTO };
 
 struct blkd_config {
   const char *ip;                 /* -i; NULL: all addresses */
@@ -57,7 +87,7 @@ struct blkd_config {
   enum iobuf_mode iobuf;
   enum queue_mode queue;
   enum dispatch_mode dispatch;
-  int sparse_reads;               /* OFFSET_HOLE chunks: 0 no, 1 yes, 2 auto */
+  enum sparse_reads sparse_reads; /* OFFSET_HOLE chunks; auto: where extents are cheap */
 
   /* Limits (hardening). */
   unsigned max_connections;       /* --max-connections; 0: no limit */
@@ -198,14 +228,24 @@ struct iobuf {
 };
 struct iobuf_pool;
 
-struct iobuf_pool *iobuf_pool_new (size_t limit_bytes);
+/* The pool's own counters, kept where its owner puts them: in memory that
+ * outlives the pool (the shard's stat block), so the metrics thread reads
+ * them without touching the pool.  One writer (the pool's shard thread),
+ * relaxed stores; readers use relaxed loads. */
+struct iobuf_counters {
+  uint64_t bytes;                 /* data buffers allocated: in use + cached */
+};
+
+/* ctr may be NULL (nobody reads the counters). */
+struct iobuf_pool *iobuf_pool_new (size_t limit_bytes, struct iobuf_counters *ctr);
 void iobuf_pool_free (struct iobuf_pool *p);
 /* NULL (errno ENOBUFS) when the pool's bound is reached: the caller waits. */
 struct iobuf *iobuf_get (struct iobuf_pool *p, size_t size);
 void iobuf_put (struct iobuf_pool *p, struct iobuf *b);
-struct request *iobuf_req_get (struct iobuf_pool *p);
-void iobuf_req_put (struct iobuf_pool *p, struct request *r);
-size_t iobuf_pool_bytes (const struct iobuf_pool *p);
+/* Descriptors of one fixed size (the request code's, malloc'd by it, at
+ * least a pointer big): a cached one or NULL; freed with the pool. */
+void *iobuf_desc_get (struct iobuf_pool *p);
+void iobuf_desc_put (struct iobuf_pool *p, void *desc);
 
 /* ---- requests (protocol.c) ------------------------------------------ */
 
@@ -214,7 +254,7 @@ size_t iobuf_pool_bytes (const struct iobuf_pool *p);
 #define REQ_LEND_MAX   (2 * REQ_MAX_CHUNKS + 1)
 
 /* One request from header to reply.  Large (the reply headers live here)
- * and recycled by the pool without a memset: request_reset() sets exactly
+ * and recycled by the pool without a memset: request_get() sets exactly
  * the fields every request reads before it writes them. */
 struct request {
   struct request *next;           /* send queue / work queue / free list */
@@ -247,13 +287,13 @@ struct request {
   void *lent_token[REQ_LEND_MAX];
 };
 
-void request_reset (struct request *r);
+/* A request from the shard's pool, reset; NULL when out of memory. */
+struct request *request_get (struct iobuf_pool *p);
+void request_put (struct iobuf_pool *p, struct request *r);
 /* Validate a parsed header; 0 or the errno to answer with. */
 int protocol_validate (struct conn *c, const struct request *r);
 /* Run the plugin call for r (shard thread or worker). */
 void protocol_execute (struct request *r);
-/* Build r's reply iovecs from its result (shard thread). */
-void protocol_build_reply (struct request *r);
 uint32_t protocol_nbd_error (int err, const struct request *r);
 /* Where a WRITE's payload from byte `have` on goes: at most max iovecs
  * (the pool buffer, or the pieces of a placed write); 0 when complete. */
@@ -272,6 +312,19 @@ enum conn_phase {
   CONN_CLOSING,                   /* no more input; drain and free */
 };
 
+/* Why a connection is not reading (struct conn's read_block): while any
+ * bit but PAUSED is set the parser takes no new request; PAUSED says the
+ * read event is off, and conn_resume_reading turns it back on once the
+ * other bits and the computed limits (max_inflight, handshake output,
+ * a request stalled on the pool) are clear. */
+enum conn_read_block {
+  CONN_READ_PAUSED    = 1u << 0,  /* back-pressure: not watching the socket */
+  CONN_READ_BUFFERS   = 1u << 1,  /* on the shard's list of pool waiters */
+  CONN_READ_SEND_FULL = 1u << 2,  /* the socket refused bytes: parse no more */
+  CONN_READ_CLOSING   = 1u << 3,  /* no more input: answer what came, then close */
+  CONN_READ_STARTTLS  = 1u << 4,  /* ACK queued in clear; TLS handshake once sent */
+};
+
 struct conn {
   uint64_t id;
   char peer[64];
@@ -281,11 +334,10 @@ struct conn {
   int fd;
   struct event *ev_read, *ev_write;
   enum conn_phase phase;
-  bool no_zeroes, structured, meta_base_allocation, want_close;
+  bool no_zeroes, structured, meta_base_allocation;
   bool fixed_newstyle;            /* client set NBD_FLAG_C_FIXED_NEWSTYLE */
-  bool read_paused;               /* back-pressure: not watching the socket */
+  unsigned read_block;            /* enum conn_read_block bits; 0: reading */
   bool read_drained;              /* last read was short: socket empty */
-  bool waiting_buffers;           /* on the shard's list of pool waiters */
   char *export_name;
 
   /* Input: bytes read but not yet consumed. */
@@ -296,16 +348,15 @@ struct conn {
   uint32_t recv_have;
   uint64_t discard_left;
   struct request *stalled_req;    /* parsed, waiting for a pool buffer */
-  uint32_t skip_option_reply;     /* option too big: answer when skipped */
-  uint32_t skip_option;
+  uint32_t skip_option;           /* option too big: answered once skipped */
 
   /* Output: handshake bytes, then replies in completion order. */
   uint8_t *obuf;
   size_t olen, ooff, ocap;
   struct request *sendq_head, *sendq_tail;
   size_t sendq_bytes;             /* reply bytes queued, not yet sent */
-  bool send_full;                 /* the socket refused bytes: parse no more */
-  bool stall_expired;             /* ... for SEND_STALL_MS; then parse anyway */
+  bool stall_expired;             /* the socket stayed full SEND_STALL_MS: parse
+                                     anyway, CONN_READ_SEND_FULL stays clear */
   struct event *ev_stall;         /* the SEND_STALL_MS timer */
 
   unsigned inflight;              /* parsed, not yet freed */
@@ -315,11 +366,10 @@ struct conn {
   bool flush_pending;
   struct conn *wait_next;         /* shard's list of conns waiting for buffers */
   struct backend_conn pc;        /* this connection's handle on the layer stack */
-  struct conn_stats *mstats;      /* /stats record (metrics.c); NULL: none */
+  struct conn_stats *mstats;      /* /stats record (delayacct.c); NULL: none */
 
   /* TLS (tls.c): the session once STARTTLS was accepted, NULL in clear. */
   void *tls;
-  bool starttls_pending;          /* ACK queued in clear; handshake once sent */
 };
 
 struct conn *conn_new (struct shard *s, int fd, const char *peer);
@@ -404,7 +454,9 @@ unsigned shard_total_conns (void);
 /* ---- work queues (queue.c) ------------------------------------------- */
 
 struct queue;
-struct queue *queue_new (int nworkers, const char *name);
+/* What a worker does with each request it takes off the queue. */
+typedef void queue_run_fn (struct request *r);
+struct queue *queue_new (int nworkers, const char *name, queue_run_fn *run);
 void queue_push (struct queue *q, struct request *r);
 void queue_stop (struct queue *q);               /* join workers, free */
 

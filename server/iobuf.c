@@ -1,5 +1,5 @@
-/* Raw-I/O buffers (seed 000): a per-shard pool of request descriptors and
- * page-aligned data buffers, recycled without a blind memset. */
+/* Raw-I/O buffers: a per-shard pool of page-aligned data buffers and of
+ * the request code's descriptors, both recycled without a blind memset. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,27 +11,43 @@
 #define IOBUF_MIN_SHIFT 12
 #define IOBUF_CLASSES   20            /* 4 KiB .. 2 GiB */
 
-struct iobuf_pool {
-  struct iobuf *free[IOBUF_CLASSES];  /* cached buffers, by class */
-  struct request *free_reqs;
-  size_t limit;                       /* bound on bytes of data buffers */
-  size_t bytes;                       /* allocated: in use + cached */
+/* A cached descriptor: its first bytes hold the free list link; what the
+ * rest held is the owner's business (it resets what it reads). */
+struct iobuf_desc {
+  struct iobuf_desc *next;
 };
 
+struct iobuf_pool {
+  struct iobuf *free[IOBUF_CLASSES];  /* cached buffers, by class */
+  struct iobuf_desc *free_descs;
+  size_t limit;                       /* bound on bytes of data buffers */
+  size_t bytes;                       /* allocated: in use + cached */
+  struct iobuf_counters *ctr;         /* published copy of the above */
+};
+
+static void
+pool_add_bytes (struct iobuf_pool *p, size_t add, size_t sub)
+{
+  p->bytes = p->bytes + add - sub;
+  if (p->ctr)
+    __atomic_store_n (&p->ctr->bytes, p->bytes, __ATOMIC_RELAXED);
+}
+
 struct iobuf_pool *
-iobuf_pool_new (size_t limit_bytes)
+iobuf_pool_new (size_t limit_bytes, struct iobuf_counters *ctr)
 {
   struct iobuf_pool *p = calloc (1, sizeof *p);
   if (!p)
     return NULL;
   p->limit = limit_bytes;
+  p->ctr = ctr;
   return p;
 }
 
 static void
 buf_destroy (struct iobuf_pool *p, struct iobuf *b)
 {
-  p->bytes -= b->cap;
+  pool_add_bytes (p, 0, b->cap);
   free (b->data);
   free (b);
 }
@@ -47,18 +63,12 @@ iobuf_pool_free (struct iobuf_pool *p)
       p->free[i] = b->next;
       buf_destroy (p, b);
     }
-  while (p->free_reqs) {
-    struct request *r = p->free_reqs;
-    p->free_reqs = r->next;
-    free (r);
+  while (p->free_descs) {
+    struct iobuf_desc *d = p->free_descs;
+    p->free_descs = d->next;
+    free (d);
   }
   free (p);
-}
-
-size_t
-iobuf_pool_bytes (const struct iobuf_pool *p)
-{
-  return p->bytes;
 }
 
 static int
@@ -116,7 +126,7 @@ iobuf_get (struct iobuf_pool *p, size_t size)
     memset (b->data, 0, cap);       /* the "before": zero every request */
   b->cap = cap;
   b->cls = c;
-  p->bytes += cap;
+  pool_add_bytes (p, cap, 0);
   return b;
 }
 
@@ -133,31 +143,19 @@ iobuf_put (struct iobuf_pool *p, struct iobuf *b)
   p->free[b->cls] = b;
 }
 
-struct request *
-iobuf_req_get (struct iobuf_pool *p)
+void *
+iobuf_desc_get (struct iobuf_pool *p)
 {
-  struct request *r;
-
-  if (cfg.iobuf == IOBUF_CALLOC)
-    r = calloc (1, sizeof *r);      /* blind zeroing of ~1 KiB, each time */
-  else if (p->free_reqs) {
-    r = p->free_reqs;
-    p->free_reqs = r->next;
-  }
-  else
-    r = malloc (sizeof *r);
-  if (r)
-    request_reset (r);
-  return r;
+  struct iobuf_desc *d = p->free_descs;
+  if (d)
+    p->free_descs = d->next;
+  return d;
 }
 
 void
-iobuf_req_put (struct iobuf_pool *p, struct request *r)
+iobuf_desc_put (struct iobuf_pool *p, void *desc)
 {
-  if (cfg.iobuf == IOBUF_CALLOC) {
-    free (r);
-    return;
-  }
-  r->next = p->free_reqs;
-  p->free_reqs = r;
+  struct iobuf_desc *d = desc;
+  d->next = p->free_descs;
+  p->free_descs = d;
 }

@@ -145,10 +145,10 @@ usage (FILE *f)
 "      --dispatch MODE    auto (default): call in-memory plugins on the shard\n"
 "                         thread, others on workers; inline; worker\n"
 "      --iobuf MODE       pool (default): recycle buffers without memset;\n"
-"                         calloc: allocate and zero each request (seed 000 A/B)\n"
+"                         calloc: zero every buffer and request on allocation\n"
 "      --iobuf-mem SIZE   bound on request buffer memory, all shards (default 1G)\n"
 "      --queue MODE       split (default): a queue and lock per shard;\n"
-"                         global: one queue, lock and worker pool (seed 002 A/B)\n"
+"                         global: one global queue, lock and worker pool\n"
 "      --sparse-reads B   send holes in structured reads as OFFSET_HOLE chunks:\n"
 "                         yes, no, or auto (default: for in-memory plugins,\n"
 "                         whose extents are cheap; a file's SEEK_HOLE is not)\n"
@@ -170,7 +170,8 @@ usage (FILE *f)
 "\n"
 "Observability:\n"
 "      --metrics ADDR:PORT  serve /metrics (Prometheus), /stats (JSON), /healthz\n"
-"      --delayacct MODE   compact (default), locked (seed 001 A/B), off\n"
+"      --delayacct MODE   compact (default: lock-free per-shard counters),\n"
+"                         locked (a mutex and timestamps per counter), off\n"
 "\n"
 "Block cache:\n"
 "      --cache SIZE       cache between the filters and the plugin, SIZE bytes in\n"
@@ -178,7 +179,8 @@ usage (FILE *f)
 "                         the plugin is multi-conn, else one per connection\n"
 "      --cache-block SIZE cache block size (default 64K)\n"
 "      --cache-mode MODE  writethrough (default) or writeback\n"
-"      --cache-ctor B     keep freed entries constructed (seed 004 A/B; default no)\n");
+"      --cache-ctor B     keep freed entries constructed for reuse (default no:\n"
+"                         initialise each entry when it is allocated)\n");
 }
 
 /* Sizes on our command line use the same parser plugins use. */
@@ -535,7 +537,8 @@ main (int argc, char **argv)
                                 (const char *const[]) { "split", "global", NULL });
       break;
     case OPT_SPARSE_READS:
-      cfg.sparse_reads = strcmp (optarg, "auto") == 0 ? 2 : parse_bool_opt (optarg);
+      cfg.sparse_reads = strcmp (optarg, "auto") == 0 ? SPARSE_READS_AUTO
+        : parse_bool_opt (optarg) ? SPARSE_READS_YES : SPARSE_READS_NO;
       break;
     case OPT_MAX_CONNECTIONS:
       cfg.max_connections = parse_int_opt ("--max-connections", optarg, 0, 1000000);

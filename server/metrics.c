@@ -7,12 +7,12 @@
  * never touches a struct shard or a struct conn: it reads
  *   - the per-shard stat blocks (delayacct.c), which outlive the shards,
  *     with relaxed atomic loads of single-writer counters (no locks);
- *   - per-connection records registered here by the shard threads, under
- *     this file's registry lock (taken at connect and disconnect only;
- *     their counters are single-writer and read with relaxed loads);
+ *   - per-connection records (delayacct.c), walked under their registry
+ *     lock (taken at connect and disconnect only; their counters are
+ *     single-writer and read with relaxed loads);
  *   - the cache's striped counters (cache_totals) and getrusage.
- * The iobuf pool's size is copied into the shard's stat block by the shard
- * thread after each request, so no other thread reads the pool itself. */
+ * The iobuf pool publishes its size into the shard's stat block
+ * (struct iobuf_counters), so no other thread reads the pool itself. */
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -41,69 +41,14 @@ static pthread_t mthread;
 static bool mthread_started;
 static uint64_t t_start_ns;
 
-static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct conn_stats *reg_head;
-static uint64_t reg_total;            /* connections ever registered */
-
-static const char *const cmd_label[DA_NCMD] = {
-  "read", "write", "disc", "flush", "trim", "cache", "write_zeroes", "block_status",
-  "other",
-};
+/* The label of stat slot k: the command's name, "other" for the last. */
+static const char *
+cmd_label (int k)
+{
+  return k < NBD_CMD_COUNT ? nbd_cmd_name (k) : "other";
+}
 static const char *const phase_name[DA_PHASES] = { "queued", "plugin", "send" };
 static const char *const mode_name[] = { "compact", "locked", "off" };
-
-/* ---- the registry (shard threads) ----------------------------------- */
-
-void
-metrics_conn_new (struct conn *c)
-{
-  if (!cfg.metrics_addr)
-    return;
-  struct conn_stats *cs = calloc (1, sizeof *cs);
-  if (!cs)
-    return;                           /* only /stats misses it */
-  cs->id = c->id;
-  cs->shard = c->shard->index;
-  snprintf (cs->peer, sizeof cs->peer, "%s", c->peer);
-  pthread_mutex_lock (&reg_lock);
-  cs->next = reg_head;
-  if (reg_head)
-    reg_head->prev = cs;
-  reg_head = cs;
-  reg_total++;
-  pthread_mutex_unlock (&reg_lock);
-  c->mstats = cs;
-}
-
-void
-metrics_conn_gone (struct conn *c)
-{
-  struct conn_stats *cs = c->mstats;
-  if (!cs)
-    return;
-  pthread_mutex_lock (&reg_lock);
-  if (cs->prev)
-    cs->prev->next = cs->next;
-  else
-    reg_head = cs->next;
-  if (cs->next)
-    cs->next->prev = cs->prev;
-  pthread_mutex_unlock (&reg_lock);
-  free (cs->export_name);
-  free (cs);
-  c->mstats = NULL;
-}
-
-void
-stats_set_export (struct conn *c)
-{
-  char *name = strdup (c->export_name ? c->export_name : "");
-  if (!name)
-    return;
-  pthread_mutex_lock (&reg_lock);
-  c->mstats->export_name = name;
-  pthread_mutex_unlock (&reg_lock);
-}
 
 /* ---- gathering ------------------------------------------------------ */
 
@@ -192,7 +137,7 @@ prom_delay (struct evbuffer *b, int ph)
   head (b, name, "counter", help);
   for (int k = 0; k < DA_NCMD; k++)
     if (snap[k].used)
-      evbuffer_add_printf (b, "%s{cmd=\"%s\"} %.9f\n", name, cmd_label[k],
+      evbuffer_add_printf (b, "%s{cmd=\"%s\"} %.9f\n", name, cmd_label (k),
                            snap[k].total_ns / 1e9);
   if (!any)
     return;
@@ -200,7 +145,7 @@ prom_delay (struct evbuffer *b, int ph)
   head (b, name, "gauge", "Longest single delay of this phase, by command.");
   for (int k = 0; k < DA_NCMD; k++)
     if (snap[k].used)
-      evbuffer_add_printf (b, "%s{cmd=\"%s\"} %.9f\n", name, cmd_label[k],
+      evbuffer_add_printf (b, "%s{cmd=\"%s\"} %.9f\n", name, cmd_label (k),
                            snap[k].max_ns / 1e9);
   snprintf (name, sizeof name, "blkd_delay_%s_duration_seconds", phase_name[ph]);
   head (b, name, "histogram", "Delays of this phase: log2 buckets of nanoseconds.");
@@ -214,14 +159,14 @@ prom_delay (struct evbuffer *b, int ph)
       cum += snap[k].hist[bk];
       if (bk >= 10)
         evbuffer_add_printf (b, "%s_bucket{cmd=\"%s\",le=\"%.9g\"} %" PRIu64 "\n", name,
-                             cmd_label[k], (double) (UINT64_C (1) << bk) / 1e9, cum);
+                             cmd_label (k), (double) (UINT64_C (1) << bk) / 1e9, cum);
     }
     cum += snap[k].hist[DA_BUCKETS - 1];
     evbuffer_add_printf (b, "%s_bucket{cmd=\"%s\",le=\"+Inf\"} %" PRIu64 "\n", name,
-                         cmd_label[k], cum);
-    evbuffer_add_printf (b, "%s_sum{cmd=\"%s\"} %.9f\n", name, cmd_label[k],
+                         cmd_label (k), cum);
+    evbuffer_add_printf (b, "%s_sum{cmd=\"%s\"} %.9f\n", name, cmd_label (k),
                          snap[k].total_ns / 1e9);
-    evbuffer_add_printf (b, "%s_count{cmd=\"%s\"} %" PRIu64 "\n", name, cmd_label[k], cum);
+    evbuffer_add_printf (b, "%s_count{cmd=\"%s\"} %" PRIu64 "\n", name, cmd_label (k), cum);
   }
 }
 
@@ -237,26 +182,23 @@ on_metrics (struct evhttp_request *req, void *arg)
 
   head (b, "blkd_requests_total", "counter", "Requests answered (or dropped), by command.");
   for (int k = 0; k < last; k++)
-    evbuffer_add_printf (b, "blkd_requests_total{cmd=\"%s\"} %" PRIu64 "\n", cmd_label[k],
+    evbuffer_add_printf (b, "blkd_requests_total{cmd=\"%s\"} %" PRIu64 "\n", cmd_label (k),
                          t.requests[k]);
   head (b, "blkd_bytes_total", "counter", "Payload bytes of successful reads and writes.");
   for (int k = 0; k < last; k++)
-    evbuffer_add_printf (b, "blkd_bytes_total{cmd=\"%s\"} %" PRIu64 "\n", cmd_label[k],
+    evbuffer_add_printf (b, "blkd_bytes_total{cmd=\"%s\"} %" PRIu64 "\n", cmd_label (k),
                          t.bytes[k]);
   head (b, "blkd_errors_total", "counter",
         "Requests answered with an error or dropped unanswered, by command.");
   for (int k = 0; k < last; k++)
-    evbuffer_add_printf (b, "blkd_errors_total{cmd=\"%s\"} %" PRIu64 "\n", cmd_label[k],
+    evbuffer_add_printf (b, "blkd_errors_total{cmd=\"%s\"} %" PRIu64 "\n", cmd_label (k),
                          t.errors[k]);
   scalar (b, "blkd_requests_in_flight", "gauge", "Requests parsed and not yet finished.",
           t.started > t.completed ? t.started - t.completed : 0);
   scalar (b, "blkd_connections", "gauge", "Client connections open now.",
           shard_total_conns ());
-  pthread_mutex_lock (&reg_lock);
-  uint64_t total = reg_total;
-  pthread_mutex_unlock (&reg_lock);
   scalar (b, "blkd_connections_accepted_total", "counter", "Client connections accepted.",
-          total);
+          stats_conns_total ());
 
   head (b, "blkd_delayacct_info", "gauge", "Delay accounting mode (--delayacct).");
   evbuffer_add_printf (b, "blkd_delayacct_info{mode=\"%s\"} 1\n", mode_name[cfg.delayacct]);
@@ -304,7 +246,7 @@ on_metrics (struct evhttp_request *req, void *arg)
   head (b, "blkd_iobuf_pool_bytes", "gauge", "Request buffer pool memory, by shard.");
   for (int i = 0; i < stats_nshards (); i++)
     evbuffer_add_printf (b, "blkd_iobuf_pool_bytes{shard=\"%d\"} %" PRIu64 "\n", i,
-                         stat_get (&stats_shard (i)->iobuf_bytes));
+                         stat_get (&stats_shard (i)->iobuf.bytes));
 
   double user, sys;
   cpu_times (&user, &sys);
@@ -337,6 +279,25 @@ json_str (struct evbuffer *b, const char *s)
 }
 
 static void
+json_conn (const struct conn_stats *cs, bool first, void *arg)
+{
+  struct evbuffer *b = arg;
+  uint64_t done = stat_get (&cs->completed), started = stat_get (&cs->started);
+  evbuffer_add_printf (b, "%s{\"id\":%" PRIu64 ",\"shard\":%d,\"peer\":",
+                       first ? "" : ",", cs->id, cs->shard);
+  json_str (b, cs->peer);
+  evbuffer_add_printf (b, ",\"export\":");
+  if (cs->export_name)
+    json_str (b, cs->export_name);
+  else
+    evbuffer_add_printf (b, "null");
+  evbuffer_add_printf (b, ",\"inflight\":%" PRIu64 ",\"requests\":%" PRIu64
+                       ",\"bytes_read\":%" PRIu64 ",\"bytes_written\":%" PRIu64 "}",
+                       started > done ? started - done : 0, done,
+                       stat_get (&cs->bytes_read), stat_get (&cs->bytes_written));
+}
+
+static void
 on_stats (struct evhttp_request *req, void *arg)
 {
   struct evbuffer *b = reply_begin (req);
@@ -365,7 +326,7 @@ on_stats (struct evhttp_request *req, void *arg)
   evbuffer_add_printf (b, "\"commands\":{");
   for (int k = 0; k < DA_NCMD; k++) {
     evbuffer_add_printf (b, "%s\"%s\":{\"requests\":%" PRIu64 ",\"bytes\":%" PRIu64
-                         ",\"errors\":%" PRIu64, k ? "," : "", cmd_label[k], t.requests[k],
+                         ",\"errors\":%" PRIu64, k ? "," : "", cmd_label (k), t.requests[k],
                          t.bytes[k], t.errors[k]);
     if (cfg.delayacct != DELAYACCT_OFF) {
       evbuffer_add_printf (b, ",\"delay\":{");
@@ -401,26 +362,10 @@ on_stats (struct evhttp_request *req, void *arg)
 
   evbuffer_add_printf (b, "\"iobuf_pool_bytes\":[");
   for (int i = 0; i < stats_nshards (); i++)
-    evbuffer_add_printf (b, "%s%" PRIu64, i ? "," : "", stat_get (&stats_shard (i)->iobuf_bytes));
+    evbuffer_add_printf (b, "%s%" PRIu64, i ? "," : "", stat_get (&stats_shard (i)->iobuf.bytes));
   evbuffer_add_printf (b, "],\"conns\":[");
 
-  pthread_mutex_lock (&reg_lock);
-  for (struct conn_stats *cs = reg_head; cs; cs = cs->next) {
-    uint64_t done = stat_get (&cs->completed), started = stat_get (&cs->started);
-    evbuffer_add_printf (b, "%s{\"id\":%" PRIu64 ",\"shard\":%d,\"peer\":",
-                         cs == reg_head ? "" : ",", cs->id, cs->shard);
-    json_str (b, cs->peer);
-    evbuffer_add_printf (b, ",\"export\":");
-    if (cs->export_name)
-      json_str (b, cs->export_name);
-    else
-      evbuffer_add_printf (b, "null");
-    evbuffer_add_printf (b, ",\"inflight\":%" PRIu64 ",\"requests\":%" PRIu64
-                         ",\"bytes_read\":%" PRIu64 ",\"bytes_written\":%" PRIu64 "}",
-                         started > done ? started - done : 0, done,
-                         stat_get (&cs->bytes_read), stat_get (&cs->bytes_written));
-  }
-  pthread_mutex_unlock (&reg_lock);
+  stats_conns_each (json_conn, b);
   evbuffer_add_printf (b, "]}\n");
 
   reply_end (req, 200, "OK", "application/json", b);

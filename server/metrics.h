@@ -10,8 +10,4 @@ int metrics_start (void);
 /* Stop serving and join the thread (after shard_stop_all). */
 void metrics_stop (void);
 
-/* Shard thread: a connection appears / is about to be freed. */
-void metrics_conn_new (struct conn *c);
-void metrics_conn_gone (struct conn *c);
-
 #endif

@@ -17,7 +17,7 @@
 #define BLOCK_STATUS_BUF  (16 * 1024)
 #define BLOCK_STATUS_MAX  ((BLOCK_STATUS_BUF - 4) / 8)
 
-void
+static void
 request_reset (struct request *r)
 {
   /* Exactly the fields read before anything writes them; the kilobyte
@@ -32,6 +32,35 @@ request_reset (struct request *r)
   r->held = 0;
   r->placed = false;
   r->send_len = 0;
+}
+
+/* --iobuf=calloc is the comparison: allocate and zero each request, free
+ * it when done.  The pool mode recycles descriptors and resets only the
+ * fields request_reset names. */
+struct request *
+request_get (struct iobuf_pool *p)
+{
+  struct request *r;
+
+  if (cfg.iobuf == IOBUF_CALLOC)
+    r = calloc (1, sizeof *r);      /* blind zeroing of ~1 KiB, each time */
+  else {
+    r = iobuf_desc_get (p);
+    if (!r)
+      r = malloc (sizeof *r);
+  }
+  if (r)
+    request_reset (r);
+  return r;
+}
+
+void
+request_put (struct iobuf_pool *p, struct request *r)
+{
+  if (cfg.iobuf == IOBUF_CALLOC)
+    free (r);
+  else
+    iobuf_desc_put (p, r);
 }
 
 /* The one place errno becomes an NBD error (nbdkit's mapping). */
@@ -67,14 +96,6 @@ protocol_nbd_error (int err, const struct request *r)
   }
 }
 
-static const char *
-cmd_name (uint16_t type)
-{
-  static const char *const names[] = { "READ", "WRITE", "DISC", "FLUSH", "TRIM",
-                                        "CACHE", "WRITE_ZEROES", "BLOCK_STATUS" };
-  return type < NBD_CMD_COUNT ? names[type] : "unknown";
-}
-
 /* ---- validation ---------------------------------------------------- */
 
 int
@@ -108,7 +129,7 @@ protocol_validate (struct conn *c, const struct request *r)
     return EINVAL;
   }
   if (r->flags & ~allowed) {
-    log_debug ("%s: flags 0x%x not allowed", cmd_name (r->type), r->flags);
+    log_debug ("%s: flags 0x%x not allowed", nbd_cmd_name (r->type), r->flags);
     return EINVAL;
   }
 
@@ -142,13 +163,13 @@ protocol_validate (struct conn *c, const struct request *r)
   if ((r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE) && r->count > max)
     return EINVAL;
   if (r->offset > size || r->count > size - r->offset) {
-    log_debug ("%s: offset %llu + count %u is past the end (%llu)", cmd_name (r->type),
+    log_debug ("%s: offset %llu + count %u is past the end (%llu)", nbd_cmd_name (r->type),
                (unsigned long long) r->offset, r->count, (unsigned long long) size);
     return r->type == NBD_CMD_WRITE || r->type == NBD_CMD_WRITE_ZEROES ? ENOSPC : EINVAL;
   }
   uint32_t min = k->block_min ? k->block_min : 1;
   if ((r->offset | r->count) & (min - 1)) {
-    log_debug ("%s: not aligned to the minimum block size %u", cmd_name (r->type), min);
+    log_debug ("%s: not aligned to the minimum block size %u", nbd_cmd_name (r->type), min);
     return EINVAL;
   }
   return 0;
@@ -233,24 +254,6 @@ put_read_reply (struct request *r, const struct read_piece *pc, unsigned n)
       r->iov[r->niov++] = (struct iovec) {
         (char *) r->buf->data + (pc[i].offset - r->offset), pc[i].length };
     }
-  }
-}
-
-void
-protocol_build_reply (struct request *r)
-{
-  if (r->error) {
-    put_error (r);
-    return;
-  }
-  switch (r->type) {
-  case NBD_CMD_READ: {
-    struct read_piece whole = { r->offset, r->count, false };
-    put_read_reply (r, &whole, 1);
-    break;
-  }
-  default:
-    put_simple (r, 0);
   }
 }
 
@@ -421,7 +424,8 @@ do_read (struct request *r)
   /* Asking for extents costs a plugin call: on tmpfs, SEEK_HOLE walks
    * every page up to the next hole, which made 256k reads of a full 1 GiB
    * file 40x slower.  "auto" asks only in-memory plugins. */
-  bool sparse = cfg.sparse_reads == 1 || (cfg.sparse_reads == 2 && backend_inline_safe ());
+  bool sparse = cfg.sparse_reads == SPARSE_READS_YES
+    || (cfg.sparse_reads == SPARSE_READS_AUTO && backend_inline_safe ());
   if (c->structured && sparse && !(r->flags & NBD_CMD_FLAG_DF)
       && c->pc.caps.can_extents && r->count >= SPARSE_READ_MIN)
     n = plan_sparse_read (r, pc);
@@ -545,7 +549,7 @@ protocol_execute (struct request *r)
   r->error = err;
   if (err) {
     if (err != ENOTSUP || !(r->flags & NBD_CMD_FLAG_FAST_ZERO))
-      log_debug ("%s offset %llu count %u failed: %s", cmd_name (r->type),
+      log_debug ("%s offset %llu count %u failed: %s", nbd_cmd_name (r->type),
                  (unsigned long long) r->offset, r->count, strerror (err));
     put_error (r);
   }
@@ -678,8 +682,8 @@ int
 protocol_consume (struct conn *c)
 {
   for (;;) {
-    if (c->stalled_req || c->want_close || c->phase != CONN_TRANSMISSION
-        || c->send_full)
+    if (c->stalled_req || c->phase != CONN_TRANSMISSION
+        || (c->read_block & (CONN_READ_CLOSING | CONN_READ_SEND_FULL)))
       return 0;
     uint8_t *in = c->rbuf + c->roff;
     size_t avail = c->rlen - c->roff;
@@ -721,7 +725,7 @@ protocol_consume (struct conn *c)
       log_error ("bad request magic 0x%08x; closing", be32toh (h.magic));
       return -1;
     }
-    struct request *r = iobuf_req_get (c->shard->pool);
+    struct request *r = request_get (c->shard->pool);
     if (!r) {
       log_error ("out of memory for a request; closing");
       return -1;
@@ -736,9 +740,9 @@ protocol_consume (struct conn *c)
 
     if (r->type == NBD_CMD_DISC) {
       log_debug ("client sent DISC");
-      iobuf_req_put (c->shard->pool, r);
+      request_put (c->shard->pool, r);
       c->inflight--;
-      c->want_close = true;
+      c->read_block |= CONN_READ_CLOSING;
       return 0;
     }
     delayacct_parsed (c, r);

@@ -1,5 +1,6 @@
-/* Work queues (seed 002): a request queue, its lock and its worker threads.
- * Split mode gives each shard its own; global mode shares one among all. */
+/* Work queues: a request queue, its lock and the worker threads that run
+ * the function they were given.  Split mode gives each shard its own;
+ * global mode shares one among all. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@ struct queue {
   bool stopping;
   int nworkers;
   pthread_t *workers;
+  queue_run_fn *run;                /* what a worker does with a request */
   char name[32];
 };
 
@@ -34,8 +36,7 @@ queue_worker (void *arg)
       q->tail = NULL;
     pthread_mutex_unlock (&q->lock);
 
-    protocol_execute (r);
-    shard_complete (r);
+    q->run (r);
 
     pthread_mutex_lock (&q->lock);
   }
@@ -44,11 +45,12 @@ queue_worker (void *arg)
 }
 
 struct queue *
-queue_new (int nworkers, const char *name)
+queue_new (int nworkers, const char *name, queue_run_fn *run)
 {
   struct queue *q = calloc (1, sizeof *q);
   if (!q)
     return NULL;
+  q->run = run;
   pthread_mutex_init (&q->lock, NULL);
   pthread_cond_init (&q->cond, NULL);
   snprintf (q->name, sizeof q->name, "%s", name);

@@ -62,6 +62,14 @@ shard_dispatch (struct request *r)
   queue_push (global_queue ? global_queue : s->queue, r);
 }
 
+/* A worker's job: run the request, then hand it back to its shard. */
+static void
+shard_run_request (struct request *r)
+{
+  protocol_execute (r);
+  shard_complete (r);
+}
+
 /* Called by a worker: hand the finished request back to its shard. */
 void
 shard_complete (struct request *r)
@@ -110,9 +118,9 @@ shard_flush_marked (struct shard *s)
 void
 shard_wait_buffers (struct shard *s, struct conn *c)
 {
-  if (c->waiting_buffers)
+  if (c->read_block & CONN_READ_BUFFERS)
     return;
-  c->waiting_buffers = true;
+  c->read_block |= CONN_READ_BUFFERS;
   c->wait_next = s->waiters;
   s->waiters = c;
 }
@@ -128,7 +136,7 @@ shard_wake_waiters (struct shard *s)
     struct conn *c = *pp;
     if (protocol_retry_stalled (c)) {
       *pp = c->wait_next;
-      c->waiting_buffers = false;
+      c->read_block &= ~CONN_READ_BUFFERS;
       conn_resume_reading (c);
     }
     else
@@ -377,7 +385,7 @@ shard_start_all (void)
     return -1;
 
   if (need_workers && cfg.queue == QUEUE_GLOBAL) {
-    global_queue = queue_new (cfg.workers * nshards, "blkd.g");
+    global_queue = queue_new (cfg.workers * nshards, "blkd.g", shard_run_request);
     if (!global_queue) {
       fprintf (stderr, "blkd: cannot start worker threads: %m\n");
       return -1;
@@ -395,8 +403,8 @@ shard_start_all (void)
     s->base = event_base_new_with_config (ec);
     event_config_free (ec);
     s->notify_fd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
-    s->pool = iobuf_pool_new (cfg.iobuf_mem / nshards);
     s->stats = stats_shard (i);
+    s->pool = iobuf_pool_new (cfg.iobuf_mem / nshards, s->stats ? &s->stats->iobuf : NULL);
     if (!s->base || s->notify_fd < 0 || !s->pool || !s->stats) {
       fprintf (stderr, "blkd: cannot create shard %d: %m\n", i);
       return -1;
@@ -413,7 +421,7 @@ shard_start_all (void)
     if (need_workers && cfg.queue == QUEUE_SPLIT) {
       char qname[24];
       snprintf (qname, sizeof qname, "blkd.s%d", i);
-      s->queue = queue_new (cfg.workers, qname);
+      s->queue = queue_new (cfg.workers, qname, shard_run_request);
       if (!s->queue) {
         fprintf (stderr, "blkd: cannot start worker threads: %m\n");
         return -1;

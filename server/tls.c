@@ -4,8 +4,8 @@
  * session is up.
  *
  * conn.c knows only c->tls (NULL in clear: one pointer test on the hot
- * path), c->starttls_pending and the CONN_TLS_HANDSHAKE phase; everything
- * OpenSSL is here.  All of it runs on the connection's shard thread.
+ * path), CONN_READ_STARTTLS in c->read_block and the CONN_TLS_HANDSHAKE
+ * phase; everything OpenSSL is here.  All of it runs on the connection's shard thread.
  *
  * Writes, three ways:
  * - kernel TLS (TLS 1.2 only), when the kernel has the tls module: OpenSSL
@@ -1323,7 +1323,7 @@ static int
 tls_handshake_step (struct conn *c)
 {
   struct tls_conn *t = c->tls;
-  if (c->starttls_pending)
+  if (c->read_block & CONN_READ_STARTTLS)
     return 0;                       /* the ACK is not out yet */
   ERR_clear_error ();
   errno = 0;
@@ -1355,9 +1355,9 @@ tls_flushed (struct conn *c)
     if (r == 1)
       return 1;
   }
-  if (c->starttls_pending) {
-    c->starttls_pending = false;
-    if (!c->read_paused)
+  if (c->read_block & CONN_READ_STARTTLS) {
+    c->read_block &= ~CONN_READ_STARTTLS;
+    if (!(c->read_block & CONN_READ_PAUSED))
       event_add (c->ev_read, NULL);
     log_debug ("STARTTLS acknowledged: TLS handshake");
   }
@@ -1390,7 +1390,7 @@ tls_recv (struct conn *c, void *buf, size_t len)
   size_t got;
 
   if (c->phase == CONN_TLS_HANDSHAKE) {
-    if (c->starttls_pending) {
+    if (c->read_block & CONN_READ_STARTTLS) {
       /* The ACK is still queued: the next bytes belong to the handshake,
        * so leave them in the socket (and stop epoll reporting them). */
       event_del (c->ev_read);

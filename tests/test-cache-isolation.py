@@ -5,8 +5,8 @@ plugin says see the same data (can_multi_conn), and never across exports.
 - perconn (tests/plugins): each connection has its own disk, filled with
   its own byte; a second connection must never read the first one's.
 - tmpdisk: each connection gets a fresh empty disk; 0xAB written and
-  flushed by one connection must not show through to another (issue 12's
-  reproduction).
+  flushed by one connection must not show through to another (the
+  reported reproduction).
 - ondemand and `file dir=`: two exports; export a's blocks must never
   answer a read of export b, and a reconnect to a still sees its data.
 - memory (multi-conn): the connections share one cache (a second

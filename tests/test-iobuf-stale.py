@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The invariant that lets the buffer pool skip memset (seed 000): no byte of
+"""The invariant that lets the buffer pool skip memset (--iobuf=pool): no byte of
 an earlier request, of any client, ever reaches a reply.
 
 Client A writes a secret pattern through every buffer size class, so the

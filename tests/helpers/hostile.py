@@ -78,6 +78,9 @@ def case(name):
 
 
 def run_cases(srv, cases, rss_slack_mib=64, batch=10):
+    # One client first: whatever the server opens once, on first use (a
+    # shard's worker queue, a sanitizer's report files), is not a leak.
+    round_trip(srv, "warm-up")
     base_fds = settle(srv, nfds(srv.proc.pid))
     rss0 = vmrss_mib(srv.proc.pid)
     print("# server pid %d: RSS %.1f MiB, %d fds at start" % (srv.proc.pid, rss0, base_fds))
