@@ -298,7 +298,7 @@ sd bash -c '
   grep -q "^Seccomp:[[:space:]]*2" $s || bad "no seccomp filter"
   [ "$(readlink /proc/$p/ns/mnt)" != "$(readlink /proc/1/ns/mnt)" ] || bad "no mount namespace (ProtectSystem/PrivateTmp)"
   BLKD_METRICS=127.0.0.1:9100 blkd-healthcheck || bad "/healthz with blkd.env options"
-'' || fail "blkd.service under systemd: hardening or health"
+' || fail "blkd.service under systemd: hardening or health"
 # systemctl reload sends SIGHUP (ExecReload): blkd keeps serving, same pid.
 pid0=$(sd systemctl show -p MainPID --value blkd.service)
 sd systemctl reload blkd.service || fail "systemctl reload blkd.service failed"
