@@ -171,10 +171,10 @@ def pin(pid, cpus):
 def measure(server, wl, seconds):
     busy, quiet = wait_quiet()
     load1 = os.getloadavg()[0]
-    extra = []
+    extra = ["--rate_iops=%d" % wl["rate_iops"]] if wl.get("rate_iops") else []
     if wl.get("pinned") and NCPU > 1:
         pin(server.pid, str(NCPU - 1))
-        extra = ["--cpus_allowed=0"]
+        extra.append("--cpus_allowed=0")
     u0, s0 = proc_cpu(server.pid)
     m0 = machine_cpu()
     try:
@@ -218,6 +218,10 @@ WORKLOADS = [
                                            pinned=True)),
     ("256k read QD16", dict(rw="read", bs="256k", iodepth=16, numjobs=1)),
     ("256k write QD16", dict(rw="write", bs="256k", iodepth=16, numjobs=1)),
+    # A client that waits between requests: what an idle-ish connection
+    # costs the server (CPU per MiB), e.g. with --poll-us.
+    ("QD1 4k randread at 2000 IOPS", dict(rw="randread", bs="4k", iodepth=1, numjobs=1,
+                                          rate_iops=2000)),
 ]
 
 

@@ -1,4 +1,4 @@
-/* The block cache (--cache, seed 004): the layer just above the plugin,
+/* The block cache (--cache): the layer just above the plugin,
  * fixed-size blocks in front of it, shared only where that is safe.
  *
  * Isolation.  A cache instance holds one export's blocks.  Connections
@@ -51,7 +51,7 @@
  * initialised when it is allocated and torn down when freed; with
  * --cache-ctor=yes a constructor runs over every entry when its slab is
  * made and a freed entry is put back in its constructed state (the
- * "before" of seed 004). */
+ * "before" of the buffer_head constructor removal, docs/BENCHMARKS.md). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

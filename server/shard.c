@@ -353,17 +353,22 @@ shard_main (void *arg)
    * without blocking for up to --poll-us.  A client waiting on its reply
    * (QD1) sends the next request within that window, and finds this thread
    * running instead of asleep in epoll_wait: no wake-up, no idle exit of
-   * the CPU.  Spinning costs CPU only in that window after real traffic;
-   * an idle shard sleeps as before. */
+   * the CPU.  Only while requests come closer together than the window:
+   * a round that read requests polls afterwards only if the previous one
+   * ended less than a window before, so a client with longer gaps costs at
+   * most one wasted window, and an idle shard sleeps as before. */
   uint64_t window = (uint64_t) cfg.poll_us * 1000, last_read = 0, seen = s->reads;
+  bool close_together = false;
   for (;;) {
-    bool poll = now_ns () - last_read < window;
+    bool poll = close_together && now_ns () - last_read < window;
     event_base_loop (s->base, (poll ? EVLOOP_NONBLOCK : EVLOOP_ONCE) | EVLOOP_NO_EXIT_ON_EMPTY);
     if (event_base_got_break (s->base) || event_base_got_exit (s->base))
       break;
     if (s->reads != seen) {
+      uint64_t t = now_ns ();
+      close_together = t - last_read < window;
       seen = s->reads;
-      last_read = now_ns ();
+      last_read = t;
     }
   }
   return NULL;
