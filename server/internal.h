@@ -93,7 +93,8 @@ struct blkd_config {
   unsigned max_connections;       /* --max-connections; 0: no limit */
   unsigned handshake_timeout;     /* --handshake-timeout seconds; 0: none */
   unsigned idle_timeout;          /* --idle-timeout seconds; 0: none */
-  unsigned poll_us;               /* --poll-us: spin this long after a read; 0: never */
+  unsigned poll_us;               /* --poll-us: poll window while requests come close
+                                     together (shard_main); 0: never poll */
 
   /* TLS (tls.c). */
   enum tls_mode tls;
