@@ -19,12 +19,17 @@
  *   the client's) goes to a null BIO and is re-sealed here from the
  *   plaintext the message callback shows us, so there is one sequence of
  *   records under one key schedule.
- * - SSL_write (--tls-seal=openssl, the default; TLS 1.2): OpenSSL turns every
- *   SSL_write into at least one record and one write(2), so small pieces
- *   (reply headers, short payloads, several small replies in a row) are
- *   copied into a 16 KiB staging buffer and sealed as one record, and large
- *   payload spans are written straight from the pooled buffer, one full
- *   record per SSL_write. */
+ * - SSL_write (--tls-seal=openssl, the default; TLS 1.2): OpenSSL frames,
+ *   keys and seals every record; small pieces (reply headers, short
+ *   payloads, several small replies in a row) are copied into a 16 KiB
+ *   staging buffer and sealed as one record, and large payload spans are
+ *   written straight from the pooled (or lent) buffer, one full record per
+ *   SSL_write.  Once the handshake is done OpenSSL's write BIO is ours
+ *   (collect_bio): it appends each record to `out` instead of writing it,
+ *   and `out` goes to the socket in one send(2) when full or when the
+ *   queued replies are all sealed, so a 256 KiB reply costs two sends
+ *   rather than seventeen writes.  Whatever else OpenSSL writes (alerts,
+ *   KeyUpdates, close_notify) lands in the same buffer in its order. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -56,6 +61,9 @@
 #define TLS_OUT_RECORDS 8
 #define TLS_OUT_RESERVE 1024
 #define TLS_OUT_CAP     (TLS_OUT_RECORDS * TLSREC_MAX_RECORD + TLS_OUT_RESERVE)
+/* The largest record SSL_write makes: TLS 1.2 AES-GCM adds 29 bytes (an
+ * explicit nonce), more than TLS 1.3's 22; rounded up. */
+#define TLS_OSSL_RECORD_MAX (TLS_RECORD + 64)
 /* RFC 8446 5.5: AES-GCM keys are good for about 2^24.5 full records; we
  * send a KeyUpdate after 2^24 (256 GiB), on both sealing paths.  In test
  * builds (BLKD_TEST_HOOKS) BLKD_TLS_REKEY_RECORDS lowers it. */
@@ -70,7 +78,8 @@ struct tls_conn {
   SSL *ssl;
   /* blkd-sealed sending (NULL: SSL_write does it). */
   struct tlsrec *rec;
-  uint8_t *out;                   /* sealed records the socket has not taken */
+  uint8_t *out;                   /* sealed records the socket has not taken
+                                   * (blkd's, or OpenSSL's through collect_bio) */
   size_t out_len, out_off;
   size_t max_content;             /* per record: 16 KiB, or the client's
                                    * max_fragment_length (RFC 6066) */
@@ -115,6 +124,7 @@ static int psk_index = -1;
 static bool have_certs;           /* --tls-certificates given (fixed at start-up) */
 static bool ktls_kernel;          /* the kernel accepted TCP_ULP "tls" */
 static uint64_t rekey_records = TLS_REKEY_RECORDS;
+static BIO_METHOD *collect_method;  /* collect_bio's, made in tls_setup */
 
 /* ---- start-up -------------------------------------------------------- */
 
@@ -674,6 +684,78 @@ out_drain (struct conn *c, struct tls_conn *t)
   return 0;
 }
 
+/* ---- OpenSSL's records, collected (the default path) ----------------- */
+
+/* collect_bio's write: append the record OpenSSL just sealed to out.  When
+ * out has no room, send what it holds first; if the socket will not take
+ * enough, refuse with a retry, as a full socket BIO would (OpenSSL keeps
+ * the record and writes it again on the next call).  Never reorders:
+ * out is sent from its front, appended at its end. */
+static int
+collect_write (BIO *b, const char *data, size_t len, size_t *written)
+{
+  struct conn *c = BIO_get_data (b);
+  struct tls_conn *t = c->tls;
+
+  BIO_clear_retry_flags (b);
+  if (len > TLS_OUT_CAP - t->out_len) {
+    if (out_drain (c, t) == -1)
+      return 0;                     /* errno from send: SSL_ERROR_SYSCALL */
+    if (t->out_off > 0) {
+      memmove (t->out, t->out + t->out_off, t->out_len - t->out_off);
+      t->out_len -= t->out_off;
+      t->out_off = 0;
+    }
+    if (len > TLS_OUT_CAP - t->out_len) {
+      BIO_set_retry_write (b);
+      return 0;
+    }
+  }
+  memcpy (t->out + t->out_len, data, len);
+  t->out_len += len;
+  *written = len;
+  return 1;
+}
+
+/* A flush from OpenSSL (after an alert or a handshake message) is left to
+ * the loop: tls_flushed sends out once the queued replies are sealed, so
+ * a KeyUpdate goes out together with the record behind it. */
+static long
+collect_ctrl (BIO *b, int cmd, long num, void *ptr)
+{
+  struct conn *c = BIO_get_data (b);
+  struct tls_conn *t = c ? c->tls : NULL;
+  switch (cmd) {
+  case BIO_CTRL_FLUSH:
+    return 1;
+  case BIO_CTRL_WPENDING:
+    return t ? (long) (t->out_len - t->out_off) : 0;
+  default:
+    return 0;                       /* no kTLS, no ctrl we implement */
+  }
+}
+
+/* The SSL_write path after the handshake: OpenSSL keeps framing, keying
+ * and sealing every record; only where its output goes changes.  Returns
+ * the log's name for the path.  Without memory the socket BIO stays (one
+ * write per record, as before). */
+static const char *
+collect_takeover (struct conn *c, struct tls_conn *t, const char *why)
+{
+  BIO *b = collect_method ? BIO_new (collect_method) : NULL;
+  t->out = b ? malloc (TLS_OUT_CAP) : NULL;
+  if (!t->out) {
+    BIO_free (b);
+    log_warn ("TLS: no memory for the record buffer: one write per record");
+    return why;
+  }
+  t->out_len = t->out_off = 0;
+  BIO_set_data (b, c);
+  BIO_set_init (b, 1);
+  SSL_set0_wbio (t->ssl, b);
+  return why;
+}
+
 bool
 tls_unsent (struct conn *c)
 {
@@ -957,7 +1039,7 @@ ctx_build (size_t *npsks)
   static const unsigned char sid_ctx[] = "blkd";
   SSL_CTX_set_session_id_context (c, sid_ctx, sizeof sid_ctx - 1);
   /* Partial writes: SSL_write returns after each record, so conn.c learns
-   * exactly how many plaintext bytes went out.  Moving buffer: a retry
+   * exactly how many plaintext bytes were sealed.  Moving buffer: a retry
    * after WANT_WRITE may come from the staging buffer or the pool buffer
    * holding the same bytes. */
   SSL_CTX_set_mode (c, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
@@ -1075,6 +1157,13 @@ tls_setup (void)
     return -1;
   }
   ktls_kernel = probe_ktls ();
+  collect_method = BIO_meth_new (BIO_get_new_index () | BIO_TYPE_SOURCE_SINK,
+                                 "blkd TLS records");
+  if (!collect_method || !BIO_meth_set_write_ex (collect_method, collect_write)
+      || !BIO_meth_set_ctrl (collect_method, collect_ctrl)) {
+    fprintf (stderr, "blkd: TLS: cannot make the record BIO: %s\n", ssl_error_text ());
+    return -1;
+  }
 
   const char *env = getenv ("BLKD_TLS_REKEY_RECORDS");
   if (env) {
@@ -1139,6 +1228,8 @@ tls_reload (void)
 void
 tls_cleanup (void)
 {
+  BIO_meth_free (collect_method);
+  collect_method = NULL;
   SSL_CTX_free (ctx);             /* the PSK table goes with it */
   ctx = NULL;
 }
@@ -1180,8 +1271,8 @@ tls_free (struct conn *c)
   /* close_notify, best effort: never wait for the socket. */
   if (t->up && c->fd >= 0) {
     ERR_clear_error ();
-    SSL_shutdown (t->ssl);          /* blkd sealing: the alert lands in out */
-    if (t->rec && !t->rec_broken)
+    SSL_shutdown (t->ssl);          /* the alert lands in out (unless kTLS) */
+    if (t->out && !t->rec_broken)
       out_drain (c, t);
   }
   SSL_free (t->ssl);
@@ -1300,6 +1391,8 @@ handshake_done (struct conn *c)
   c->phase = CONN_HS_OPTIONS;
   c->pc.ctx.is_tls = true;
   const char *sealer = seal_takeover (t);
+  if (!t->rec && !BIO_get_ktls_send (SSL_get_wbio (t->ssl)))
+    sealer = collect_takeover (c, t, sealer);
   if (log_verbose) {
     X509 *peer = SSL_get0_peer_certificate (t->ssl);
     char subject[256] = "";
@@ -1348,7 +1441,7 @@ int
 tls_flushed (struct conn *c)
 {
   struct tls_conn *t = c->tls;
-  if (t->rec) {
+  if (t->out) {
     int r = out_drain (c, t);
     if (r == -1 || t->rec_broken)
       return -1;                    /* whatever could go out went */
@@ -1468,7 +1561,9 @@ ossl_rekey_policy (struct tls_conn *t, size_t written)
 }
 
 /* Write what iov[0..n) holds as TLS records; returns the plaintext bytes
- * consumed, or -1 with errno (EAGAIN: nothing could be written).
+ * consumed (sealed: they may still wait in out, which tls_unsent reports
+ * and tls_flushed sends), or -1 with errno (EAGAIN: nothing could be
+ * written).
  *
  * After WANT_WRITE OpenSSL holds a sealed record and must be called again
  * with the same plaintext from the same position.  That holds because we
@@ -1491,7 +1586,19 @@ tls_sendv (struct conn *c, const struct iovec *iov, int n)
       off = 0;
     }
     if (i == n)
-      return total;
+      return total;                 /* tls_flushed sends what out holds */
+    /* Room in out for the next record (and a KeyUpdate OpenSSL may put
+     * ahead of it), or send what is there first. */
+    if (t->out && TLS_OUT_CAP - t->out_len < TLS_OSSL_RECORD_MAX + TLS_OUT_RESERVE) {
+      int r = out_drain (c, t);
+      if (r != 0) {
+        if (total > 0)
+          return total;
+        if (r == 1)
+          errno = EAGAIN;
+        return -1;
+      }
+    }
 
     const void *p;
     size_t len;
