@@ -94,6 +94,7 @@ struct tls_conn {
   char unknown_id[64];            /* ... this one (printable, truncated) */
   bool up;                        /* handshake finished */
   bool read_wants_write;          /* SSL_read needs the socket writable */
+  bool write_retry;               /* SSL_write holds a record to write again */
   uint64_t ossl_records;          /* SSL_write path: records under this key */
   uint8_t stage[TLS_RECORD];      /* small pieces gathered into one record */
 };
@@ -578,13 +579,20 @@ msg_cb (int write_p, int version, int type, const void *buf, size_t len,
 /* A client's KeyUpdate with update_requested leaves OpenSSL owing one of
  * its own, which it would send at the next SSL_write, and blkd never calls
  * that once it seals: have it written now (into the null BIO; msg_cb seals
- * it and moves our key on).  Then tell the loop there is something to send. */
+ * it and moves our key on).  Then tell the loop there is something to send.
+ * The SSL_write path does the same (OpenSSL writes it into out), so a
+ * client that has all its data gets the answer without waiting for more;
+ * but not while OpenSSL holds a record for a retry, nor without room in
+ * out: then the next SSL_write sends it ahead of its record, which is all
+ * RFC 8446 4.6.3 asks. */
 static void
 seal_owed_key_update (struct tls_conn *t)
 {
+  if (!t->out || (!t->rec && (t->write_retry || TLS_OUT_CAP - t->out_len < TLS_OUT_RESERVE)))
+    return;
   /* Mid-way through another post-handshake message OpenSSL refuses
    * (still in init): the next tls_recv tries again. */
-  if (t->rec && SSL_is_init_finished (t->ssl)
+  if (SSL_is_init_finished (t->ssl)
       && SSL_get_key_update_type (t->ssl) != SSL_KEY_UPDATE_NONE) {
     if (SSL_key_update (t->ssl, SSL_KEY_UPDATE_NOT_REQUESTED) != 1
         || SSL_do_handshake (t->ssl) != 1) {
@@ -1632,6 +1640,7 @@ tls_sendv (struct conn *c, const struct iovec *iov, int n)
     if (SSL_write_ex (t->ssl, p, len, &w) != 1) {
       int e = SSL_get_error (t->ssl, 0);
       if (e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ) {
+        t->write_retry = true;
         if (total > 0)
           return total;
         errno = EAGAIN;
@@ -1646,6 +1655,7 @@ tls_sendv (struct conn *c, const struct iovec *iov, int n)
       errno = EPIPE;
       return -1;
     }
+    t->write_retry = false;
     total += w;
     ossl_rekey_policy (t, w);
     /* Advance (i, off) past the w bytes just sealed. */

@@ -17,7 +17,18 @@
  * PREFIX.raw, every byte read from the socket once TLS starts;
  * PREFIX.keylog, the session's secrets (SSLKEYLOGFILE format);
  * PREFIX.plain, every byte of plaintext OpenSSL returned.  The client then
- * reads to the server's close_notify before it closes. */
+ * reads to the server's close_notify before it closes.
+ *
+ * Large replies under a slow reader: TLS_KU_BIG=MIB (a multiple of 4)
+ * writes MIB MiB after the rounds, then sends all MIB/4 READs of 4 MiB at
+ * once, so the server has MIB MiB of replies queued against a full socket,
+ * and reads them back 64 KiB at a time; with UPDATE-EVERY > 0 a KeyUpdate
+ * request goes out after every UPDATE-EVERY MiB read, in the middle of a
+ * reply.  TLS_KU_RCVBUF=BYTES shrinks the socket's receive buffer (before
+ * connect, so the window stays small); TLS_KU_PAUSE_MS=N sleeps N ms after
+ * each MiB read.  A last 4 KiB READ follows, so every KeyUpdate the
+ * server owes arrives before the end.  Rounds printed are the rounds plus
+ * the READs of this phase. */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <netinet/in.h>
@@ -26,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <openssl/err.h>
@@ -185,6 +197,70 @@ simple_reply (SSL *ssl, uint64_t cookie)
     die ("the server answered with an error");
 }
 
+/* The byte at offset off of the big-mode disk. */
+static uint8_t
+big_byte (uint64_t off)
+{
+  return (uint8_t) (off * 13 + (off >> 12) * 7 + (off >> 20));
+}
+
+/* TLS_KU_BIG: see the top.  Returns the READs made. */
+static int
+big_run (SSL *ssl, unsigned mib, int every, unsigned pause_ms, unsigned *updates_sent)
+{
+  const uint32_t mb = 1024 * 1024, rd = 4 * mb;
+  static uint8_t buf[CHUNK];
+  uint8_t *w = malloc (mb);
+  if (!w)
+    die ("out of memory");
+  for (unsigned m = 0; m < mib; m++) {
+    for (uint32_t i = 0; i < mb; i++)
+      w[i] = big_byte ((uint64_t) m * mb + i);
+    request (ssl, 1 /* WRITE */, 1000000 + m, (uint64_t) m * mb, mb);
+    tls_write (ssl, w, mb);
+    simple_reply (ssl, 1000000 + m);
+  }
+  free (w);
+
+  unsigned reads = mib / 4;
+  for (unsigned r = 0; r < reads; r++)
+    request (ssl, 0 /* READ */, 2000000 + r, (uint64_t) r * rd, rd);
+  uint64_t done = 0;
+  for (unsigned r = 0; r < reads; r++) {
+    simple_reply (ssl, 2000000 + r);
+    for (uint32_t got = 0; got < rd; got += CHUNK) {
+      tls_read (ssl, buf, CHUNK);
+      for (uint32_t i = 0; i < CHUNK; i++)
+        if (buf[i] != big_byte (done + i)) {
+          fprintf (stderr, "tls-keyupdate: big read: wrong byte at offset %llu\n",
+                   (unsigned long long) (done + i));
+          exit (1);
+        }
+      done += CHUNK;
+      if (done % mb == 0) {
+        if (every > 0 && (done / mb) % every == 0 && done < (uint64_t) mib * mb) {
+          if (SSL_key_update (ssl, SSL_KEY_UPDATE_REQUESTED) != 1 || SSL_do_handshake (ssl) != 1)
+            die ("SSL_key_update in the middle of a reply");
+          (*updates_sent)++;
+        }
+        if (pause_ms) {
+          struct timespec ts = { pause_ms / 1000, (pause_ms % 1000) * 1000000L };
+          nanosleep (&ts, NULL);
+        }
+      }
+    }
+  }
+  /* One more round trip: the server owes the answer to our last request
+   * before this reply's record (RFC 8446 4.6.3), so it is counted. */
+  request (ssl, 0 /* READ */, 3000000, 0, 4096);
+  simple_reply (ssl, 3000000);
+  tls_read (ssl, buf, 4096);
+  for (uint32_t i = 0; i < 4096; i++)
+    if (buf[i] != big_byte (i))
+      die ("big read: wrong data in the last reply");
+  return reads + 1;
+}
+
 int
 main (int argc, char **argv)
 {
@@ -199,6 +275,10 @@ main (int argc, char **argv)
   struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons (atoi (argv[1])) };
   a.sin_addr.s_addr = htonl (INADDR_LOOPBACK);
   int fd = socket (AF_INET, SOCK_STREAM, 0);
+  const char *rcvbuf = getenv ("TLS_KU_RCVBUF");
+  int rb = rcvbuf ? atoi (rcvbuf) : 0;
+  if (fd >= 0 && rb > 0 && setsockopt (fd, SOL_SOCKET, SO_RCVBUF, &rb, sizeof rb) != 0)
+    die ("SO_RCVBUF");
   if (fd < 0 || connect (fd, (struct sockaddr *) &a, sizeof a) != 0)
     die ("cannot connect");
 
@@ -288,6 +368,13 @@ main (int argc, char **argv)
       fprintf (stderr, "tls-keyupdate: round %d read back wrong data\n", r);
       return 1;
     }
+  }
+  const char *big = getenv ("TLS_KU_BIG"), *pause = getenv ("TLS_KU_PAUSE_MS");
+  if (big) {
+    int mib = atoi (big);
+    if (mib < 4 || mib % 4)
+      die ("TLS_KU_BIG must be a multiple of 4 (MiB)");
+    rounds += big_run (ssl, mib, every, pause ? atoi (pause) : 0, &updates_sent);
   }
   request (ssl, 2 /* DISC */, 0, 0, 0);
   if (cap) {
