@@ -6,11 +6,20 @@
 #   bench/tls.sh [ROUNDS]        (default 3; env: SIZE=1G BLKD=./blkd
 #                                 REQ="262144 4096" MODE=x509|psk
 #                                 CIPHER=default|aes128|aes256
-#                                 SEAL_AB=1)
+#                                 SEAL_AB=1 BASE=PATH PROFILE=DIR)
 #
 # SEAL_AB=1 adds a third server, blkd --tls-seal=blkd ("blkd_seal"), to
 # the alternation: blkd sealing its own TLS 1.3 records (the opt-in)
 # against OpenSSL's SSL_write (the default, "blkd"), in the same run.
+# BASE=PATH adds another blkd binary with default settings ("blkd_base"),
+# e.g. one built from an earlier commit, for a before/after in one run.
+#
+# PROFILE=DIR: after the timed rounds, one more copy per server and request
+# size under `perf stat` (system calls: all, and the writing ones) and one
+# under `perf record -g` (blkd servers); DIR gets NAME-REQ.stat and
+# NAME-REQ.report (perf report --no-children), and the system calls per
+# MiB are printed.  Needs perf and the right to trace the servers (root,
+# or kernel.perf_event_paranoid <= 1 and tracefs readable).
 #
 # CIPHER: each server picks the TLS 1.3 suite by its own preference
 # (default: blkd AES-128-GCM, nbdkit/GnuTLS AES-256-GCM); aes128/aes256
@@ -68,12 +77,18 @@ start() {  # NAME BINARY ARGS... -> sets PORT_<NAME>, PID_<NAME>
   printf -v "PORT_$name" %s "$port"
   wait_port "$port"
 }
-SERVERS="blkd nbdkit"
+SERVERS="blkd"
 start blkd "$BLKD" memory "$SIZE"
+if [ -n "${BASE:-}" ]; then
+  [ -x "$BASE" ] || fail "BASE=$BASE is not an executable"
+  start blkd_base "$BASE" memory "$SIZE"
+  SERVERS="$SERVERS blkd_base"
+fi
 if [ "${SEAL_AB:-0}" = 1 ]; then
   start blkd_seal "$BLKD" --tls-seal=blkd memory "$SIZE"
-  SERVERS="blkd blkd_seal nbdkit"
+  SERVERS="$SERVERS blkd_seal"
 fi
+SERVERS="$SERVERS nbdkit"
 start nbdkit nbdkit memory "$SIZE"
 
 uri() {  # NAME
@@ -163,6 +178,50 @@ mode=$MODE
       done
     done
   done
+
+if [ -n "${PROFILE:-}" ]; then
+  command -v perf >/dev/null || fail "PROFILE needs perf"
+  mkdir -p "$PROFILE"
+  echo
+  echo "# profile (one extra copy each; perf files in $PROFILE)"
+  printf '%-10s %-8s %14s %14s %16s\n' server req syscalls/MiB writes/MiB bytes/write
+  for req in $REQ; do
+    for s in $SERVERS; do
+      pidv=PID_$s
+      base=$PROFILE/$s-$req
+      perf stat -x, -o "$base.stat" -p "${!pidv}" -e raw_syscalls:sys_enter \
+        -e syscalls:sys_enter_write -e syscalls:sys_enter_sendto \
+        -e syscalls:sys_enter_sendmsg -e syscalls:sys_enter_writev &
+      pp=$!
+      sleep 1                       # perf attaches
+      nbdcopy "$(uri $s)" null: --request-size="$req"
+      kill -INT $pp; wait $pp || true
+      /usr/bin/python3 - "$base.stat" "$s" "$req" "$mib" <<'PY'
+import sys
+c = {}
+for line in open(sys.argv[1]):
+    f = line.strip().split(",")
+    if len(f) > 2 and f[0].replace(".", "").isdigit():
+        c[f[2]] = float(f[0])
+mib = float(sys.argv[4])
+w = sum(v for k, v in c.items() if k != "raw_syscalls:sys_enter")
+print("%-10s %-8s %14.1f %14.1f %16.0f" % (sys.argv[2], sys.argv[3],
+      c.get("raw_syscalls:sys_enter", 0) / mib, w / mib, mib * 1048576 / w if w else 0))
+PY
+      case $s in nbdkit) continue ;; esac
+      perf record -q -g -o "$base.data" -p "${!pidv}" &
+      pp=$!
+      sleep 1
+      nbdcopy "$(uri $s)" null: --request-size="$req"
+      kill -INT $pp; wait $pp || true
+      perf report -q --stdio --no-children --percent-limit 1.5 -g none -i "$base.data" \
+        >"$base.report" 2>/dev/null || true
+      rm -f "$base.data"
+    done
+  done
+  echo "# (writes: write+writev+sendto+sendmsg, all descriptors; bytes/write counts"
+  echo "#  the copy's MiB only, so small writes of other kinds lower it)"
+fi
 
 echo
 echo "# medians (min-max) and ratios to nbdkit"

@@ -1588,6 +1588,10 @@ tls_sendv (struct conn *c, const struct iovec *iov, int n)
 
   if (t->rec)
     return sealed_sendv (c, t, iov, n);
+  /* SSL_get_error needs an empty error queue before the call it explains;
+   * a successful SSL_write leaves it empty, so once per batch is enough
+   * (per record it cost about 1% of the CPU at 256 KiB). */
+  ERR_clear_error ();
   for (;;) {
     while (i < n && off == iov[i].iov_len) {
       i++;
@@ -1635,7 +1639,6 @@ tls_sendv (struct conn *c, const struct iovec *iov, int n)
     }
 
     size_t w;
-    ERR_clear_error ();
     errno = 0;
     if (SSL_write_ex (t->ssl, p, len, &w) != 1) {
       int e = SSL_get_error (t->ssl, 0);
