@@ -102,6 +102,7 @@ struct blkd_config {
   const char *tls_psk;            /* psktool file: username:hexkey */
   bool tls_verify_peer;
   enum tls_seal tls_seal;         /* who seals TLS 1.3 records we send */
+  const char *tls_suites;         /* --tls-suites: TLS 1.3 order (NULL: ours) */
 
   /* Observability (metrics.c, delayacct.c). */
   const char *metrics_addr;       /* --metrics ADDR:PORT; NULL: off */

@@ -168,6 +168,8 @@ usage (FILE *f)
 "      --tls-psk FILE     pre-shared keys, psktool's username:hexkey format\n"
 "      --tls-seal WHO     openssl (default: SSL_write seals) or blkd (opt-in:\n"
 "                         blkd seals TLS 1.3 records itself, less CPU)\n"
+"      --tls-suites LIST  TLS 1.3 suites in order of preference (OpenSSL's\n"
+"                         names joined by ':'; default AES-128-GCM first)\n"
 "\n"
 "Observability:\n"
 "      --metrics ADDR:PORT  serve /metrics (Prometheus), /stats (JSON), /healthz\n"
@@ -231,7 +233,7 @@ enum {
   OPT_RUN = 256, OPT_DUMP_PLUGIN, OPT_SHARDS, OPT_POLL_US, OPT_MAX_REQUEST, OPT_MAX_INFLIGHT,
   OPT_DISPATCH, OPT_IOBUF, OPT_IOBUF_MEM, OPT_QUEUE, OPT_SPARSE_READS,
   OPT_MAX_CONNECTIONS, OPT_HANDSHAKE_TIMEOUT, OPT_IDLE_TIMEOUT, OPT_TLS,
-  OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_METRICS, OPT_DELAYACCT,
+  OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_TLS_SUITES, OPT_METRICS, OPT_DELAYACCT,
   OPT_CACHE, OPT_CACHE_BLOCK, OPT_CACHE_MODE, OPT_CACHE_CTOR,
   OPT_EXIT_WITH_PARENT, OPT_MASK_HANDSHAKE, OPT_NO_SR, OPT_PRINT_URI, OPT_SELINUX_LABEL,
   OPT_VSOCK, OPT_LOG, OPT_FILTER,
@@ -286,6 +288,7 @@ static const struct option long_opts[] = {
   { "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY_PEER },
   { "tls-psk", required_argument, NULL, OPT_TLS_PSK },
   { "tls-seal", required_argument, NULL, OPT_TLS_SEAL },
+  { "tls-suites", required_argument, NULL, OPT_TLS_SUITES },
   { "metrics", required_argument, NULL, OPT_METRICS },
   { "delayacct", required_argument, NULL, OPT_DELAYACCT },
   { "cache", required_argument, NULL, OPT_CACHE },
@@ -565,6 +568,7 @@ main (int argc, char **argv)
       cfg.tls_seal = parse_choice ("--tls-seal", optarg,
                                    (const char *const[]) { "blkd", "openssl", NULL });
       break;
+    case OPT_TLS_SUITES: cfg.tls_suites = optarg; break;
     case OPT_METRICS: cfg.metrics_addr = optarg; break;
     case OPT_DELAYACCT:
       cfg.delayacct = parse_choice ("--delayacct", optarg,

@@ -129,6 +129,52 @@ static BIO_METHOD *collect_method;  /* collect_bio's, made in tls_setup */
 
 /* ---- start-up -------------------------------------------------------- */
 
+#define TLS_SUITES_DEFAULT \
+  "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
+
+/* The TLS 1.3 suites offered, in the server's order of preference. */
+static const char *
+tls13_suites (void)
+{
+  return cfg.tls_suites ? cfg.tls_suites : TLS_SUITES_DEFAULT;
+}
+
+/* --tls-suites: names OpenSSL would silently skip if unknown, so they are
+ * checked here; only the three suites blkd can also seal (OpenSSL's
+ * default set), each at most once.  With pre-shared keys the first must
+ * be a SHA-256 suite (see ctx_build).  0, or -1 after printing why. */
+static int
+check_suites (const char *list)
+{
+  static const char *const known[] = {
+    "TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256",
+  };
+  bool seen[3] = { false, false, false };
+  const char *p = list;
+  int n = 0;
+  do {
+    size_t len = strcspn (p, ":");
+    size_t k = 0;
+    while (k < 3 && !(strlen (known[k]) == len && strncmp (known[k], p, len) == 0))
+      k++;
+    if (k == 3 || seen[k]) {
+      fprintf (stderr, "blkd: --tls-suites: \"%.*s\" is %s (known: %s, %s, %s)\n",
+               (int) len, p, k == 3 ? "not a TLS 1.3 suite blkd offers" : "listed twice",
+               known[0], known[1], known[2]);
+      return -1;
+    }
+    if (n++ == 0 && cfg.tls_psk && k == 1) {
+      fprintf (stderr, "blkd: --tls-suites: with --tls-psk the first suite must be a "
+               "SHA-256 one: GnuTLS clients bind their keys to SHA-256 and OpenSSL "
+               "would drop them\n");
+      return -1;
+    }
+    seen[k] = true;
+    p += len;
+  } while (*p++ == ':');
+  return 0;
+}
+
 /* The first queued OpenSSL error as text (for start-up messages). */
 static const char *
 ssl_error_text (void)
@@ -1006,8 +1052,8 @@ seal_selftest (SSL_CTX *sctx, const struct psk_entry *psk)
     "TLS_AES_128_GCM_SHA256", "TLS_CHACHA20_POLY1305_SHA256", "TLS_AES_256_GCM_SHA384",
   };
   for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++) {
-    if (psk && strstr (suites[i], "SHA384"))
-      continue;
+    if ((psk && strstr (suites[i], "SHA384")) || !strstr (tls13_suites (), suites[i]))
+      continue;                     /* not offered */
     const char *why = selftest_suite (sctx, psk, suites[i]);
     if (why) {
       log_warn ("TLS: the --tls-seal=blkd self-test failed with %s: "
@@ -1073,9 +1119,9 @@ ctx_build (size_t *npsks)
    * for PSK: OpenSSL picks the suite before it looks at the client's PSK
    * and drops a PSK whose hash differs; GnuTLS binds external PSKs to
    * SHA-256, so a SHA-384 suite first would push PSK clients onto the
-   * certificate path (GnuTLS: "Insufficient credentials"). */
-  if (SSL_CTX_set_ciphersuites (c, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384"
-                                ":TLS_CHACHA20_POLY1305_SHA256") != 1) {
+   * certificate path (GnuTLS: "Insufficient credentials").  --tls-suites
+   * replaces the order (checked in tls_setup). */
+  if (SSL_CTX_set_ciphersuites (c, tls13_suites ()) != 1) {
     log_error ("TLS: cipher suites: %s", ssl_error_text ());
     goto err;
   }
@@ -1161,6 +1207,8 @@ tls_setup (void)
              "clients present no certificate; use one or the other\n");
     return -1;
   }
+  if (cfg.tls_suites && check_suites (cfg.tls_suites) == -1)
+    return -1;
   have_certs = cfg.tls_certificates != NULL;
   psk_index = SSL_CTX_get_ex_new_index (0, NULL, NULL, NULL, psk_table_ex_free);
   if (psk_index < 0) {

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Which TLS 1.3 suite blkd picks: its own order (AES-128-GCM first) over
 # the client's, except that a client listing ChaCha20-Poly1305 first (one
-# without AES hardware) gets ChaCha20 (SSL_OP_PRIORITIZE_CHACHA).  The
-# client is OpenSSL's (tests/helpers/tls-keyupdate, TLS_KU_SUITES in the
-# client's order); the suite is read from blkd's "TLS up:" log line.
+# without AES hardware) gets ChaCha20 (SSL_OP_PRIORITIZE_CHACHA); and
+# --tls-suites, which replaces the order (checked at start-up; the sealer's
+# self-test covers only what is offered).  The client is OpenSSL's
+# (tests/helpers/tls-keyupdate, TLS_KU_SUITES in the client's order); the
+# suite is read from blkd's "TLS up:" log line.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/helpers/core.sh"
 . "$(dirname "$0")/helpers/tls.sh"
 need_server
 need openssl
+need nbdinfo
 server_is_nbdkit && skip "blkd's suite order"
 KU=$TOP/tests/helpers/tls-keyupdate
 [ -x "$KU" ] || fail "no $KU (make check builds it)"
@@ -33,3 +36,41 @@ expect_eq "$(suite_for TLS_AES_256_GCM_SHA384)" TLS_AES_256_GCM_SHA384 \
 expect_eq "$(suite_for TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384)" \
   TLS_CHACHA20_POLY1305_SHA256 "a client listing ChaCha20 first gets ChaCha20"
 server_alive || fail "server died"
+stop_server
+
+echo "# --tls-suites: AES-256-GCM first"
+: >"$TMP/server.log"
+start_server -v --tls=require --tls-certificates="$T/server" \
+  --tls-suites=TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256 memory 8M
+expect_eq "$(suite_for TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384)" TLS_AES_256_GCM_SHA384 \
+  "the server's order from --tls-suites wins"
+stop_server
+
+echo "# --tls-suites: ChaCha20 only, with the sealer (its self-test covers what is offered)"
+: >"$TMP/server.log"
+start_server -v --tls=require --tls-certificates="$T/server" --tls-seal=blkd \
+  --tls-suites=TLS_CHACHA20_POLY1305_SHA256 memory 8M
+grep -q "self-test passed" "$TMP/server.log" || fail "the sealer's self-test did not pass"
+ok "self-test passed with ChaCha20 alone"
+expect_eq "$(suite_for TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256)" \
+  TLS_CHACHA20_POLY1305_SHA256 "only ChaCha20 is offered"
+expect_eq "$(nbdinfo --size "nbds://127.0.0.1:$PORT/?tls-certificates=$T/client-ca")" 8388608 \
+  "GnuTLS (nbdinfo) connects"
+stop_server
+
+echo "# --tls-suites mistakes stop start-up"
+for bad in TLS_AES_128_GCM_SHA256:FOO "" TLS_AES_128_GCM_SHA256:TLS_AES_128_GCM_SHA256 \
+           TLS_AES_128_CCM_SHA256; do
+  if timeout 60 "$BLKD" -f -i 127.0.0.1 -p 0 --tls=require --tls-certificates="$T/server" --tls-suites="$bad" \
+       memory 1M >"$TMP/bad.log" 2>&1; then
+    fail "blkd started with --tls-suites=$bad"
+  fi
+  grep -q "blkd: --tls-suites: " "$TMP/bad.log" || fail "no message for --tls-suites=$bad: $(cat "$TMP/bad.log")"
+done
+ok "unknown, empty, repeated and unsealable suites refused"
+if timeout 60 "$BLKD" -f -i 127.0.0.1 -p 0 --tls=require --tls-psk="$T/keys.psk" --tls-suites=TLS_AES_256_GCM_SHA384 \
+     memory 1M >"$TMP/bad.log" 2>&1; then
+  fail "blkd started with PSK and a SHA-384 suite first"
+fi
+grep -q "first suite must be a SHA-256 one" "$TMP/bad.log" || fail "PSK: $(cat "$TMP/bad.log")"
+ok "PSK with a SHA-384 suite first refused"
