@@ -220,7 +220,8 @@ PY
     done
   done
   echo "# (writes: write+writev+sendto+sendmsg, all descriptors; bytes/write counts"
-  echo "#  the copy's MiB only, so small writes of other kinds lower it)"
+  echo "#  the copy's MiB only, so small writes of other kinds lower it; syscalls"
+  echo "#  include blkd's epoll_wait polls (--poll-us), more when it waits more)"
 fi
 
 echo
