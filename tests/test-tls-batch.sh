@@ -7,8 +7,9 @@
 # - the server's own KeyUpdates (test-build knob BLKD_TLS_REKEY_RECORDS),
 #   which OpenSSL puts ahead of a record into the same buffer while the
 #   socket is full, keep the stream decryptable;
-# - GnuTLS (nbdcopy) reads 4 MiB replies exact, over TLS 1.3 and 1.2 (its KeyUpdates with
-#   blkd's are in test-tls-keyupdate.sh: GnuTLS takes at most 8 a second);
+# - GnuTLS (nbdcopy) reads 4 MiB replies exact, over TLS 1.3 and 1.2
+#   (its KeyUpdates with blkd's are in test-tls-keyupdate.sh: GnuTLS
+#   takes at most 8 a second);
 # - the records are batched: a 64 MiB read costs well under one send per
 #   16 KiB record (strace counts the server's sending system calls; one
 #   write per record, the old way, is 64 per MiB).
