@@ -348,6 +348,9 @@ struct conn {
   struct request *recv_req;
   uint32_t recv_have;
   uint64_t discard_left;
+  bool write_stream;              /* last request a WRITE read straight into place */
+  int rcvlowat;                   /* SO_RCVLOWAT now set (conn_set_lowat) */
+  bool lowat_off;                 /* the socket refused it: leave it alone */
   struct request *stalled_req;    /* parsed, waiting for a pool buffer */
   uint32_t skip_option;           /* option too big: answered once skipped */
 
