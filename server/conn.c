@@ -556,6 +556,10 @@ conn_set_lowat (struct conn *c)
     c->lowat_off = true;
     return;
   }
+  if (want > 1 && c->rcvlowat == 1)
+    c->shard->lowat_conns++;
+  else if (want == 1)
+    c->shard->lowat_conns--;
   c->rcvlowat = want;
 }
 
@@ -757,6 +761,8 @@ conn_maybe_free (struct conn *c)
   if (c->next)
     c->next->prev = c->prev;
   s->nconns--;
+  if (c->rcvlowat > 1)
+    s->lowat_conns--;
   event_free (c->ev_read);
   event_free (c->ev_write);
   event_free (c->ev_stall);

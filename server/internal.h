@@ -437,6 +437,7 @@ struct shard {
   struct queue *queue;            /* this shard's work queue (split mode) */
   bool draining;
   uint64_t reads;                 /* read callbacks run: the poll window's signal */
+  unsigned lowat_conns;           /* conns waiting on a payload under SO_RCVLOWAT */
   struct shard_stats *stats;      /* counters and delay accounting (delayacct.c) */
 };
 
