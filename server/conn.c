@@ -534,8 +534,11 @@ read_some (struct conn *c)
  * send would wait for ever.  The kernel still wakes us early when its
  * receive window is nearly closed, at EOF and on errors.  Capped, so a
  * huge payload takes a few wake-ups rather than a huge receive buffer.
- * Clear-text TCP only: a TLS record does not map to a byte count, and
- * AF_UNIX ignores the option in poll. */
+ * Clear text only: a TLS record does not map to a byte count.  AF_UNIX
+ * accepts the option but its poll ignores it: no gain there, no harm.
+ * Limit: on TCP the kernel may also raise the receive buffer and clamp
+ * the window to the mark the first time (tcp_set_rcvlowat); the mark is
+ * at least what the client is about to send, so that never stalls it. */
 #define LOWAT_MAX (1024 * 1024)
 
 static void
