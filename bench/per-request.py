@@ -23,46 +23,19 @@ import json
 import os
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from anchors import TOP, free_port, proc_cpu, wait_port  # noqa: E402
+
 SYSCALLS = ["read", "readv", "recvfrom", "recvmsg", "write", "writev", "sendto", "sendmsg",
             "epoll_wait", "poll", "ppoll", "futex", "setsockopt", "mmap", "munmap", "madvise"]
 EVENTS = ["syscalls:sys_enter_" + s for s in SYSCALLS] + [
     "context-switches", "cpu-migrations", "page-faults"]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(port, proc, secs=20):
-    deadline = time.time() + secs
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("server exited at start-up: %s" % proc.args)
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("server did not listen: %s" % proc.args)
-
-
-def proc_cpu(pid):
-    with open("/proc/%d/stat" % pid) as f:
-        v = f.read().rsplit(")", 1)[1].split()
-    return int(v[11]) / CLK_TCK, int(v[12]) / CLK_TCK
 
 
 def perf_counts(path):
@@ -122,7 +95,7 @@ def run_one(spec, a, tmp):
             "iops": io["iops"], "n": n,
             "srv_cpu_us": ((u1 - u0) + (s1 - s0)) * 1e6 / n,
             "srv_user_us": (u1 - u0) * 1e6 / n,
-            "fio_cpu_us": (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["elapsed"] * 1e6 / n,
+            "fio_cpu_us": (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["job_runtime"] * 1e3 / n,
             "srv": {k: v / n for k, v in s.items()},
             "fio": {k: v / n for k, v in f.items()},
         }
