@@ -121,6 +121,7 @@ struct blk_cache {
   char *key;                            /* the export name */
   unsigned users;                       /* contexts using it: registry lock */
   struct blk_cache *inext;              /* registry list */
+  struct blk_cache *snext;              /* shared list: set once, before publishing */
   /* Writeback: the instance's own handle, the connection context its
    * plugin calls run under, and its lock for SERIALIZE_REQUESTS plugins
    * (requests of several connections may write out through it at once). */
@@ -140,6 +141,14 @@ static _Atomic uint64_t budget_used;
 /* Shared instances in the registry: while there is at most the writer's
  * own, a write needs no walk of the others (see others_invalidate). */
 static _Atomic unsigned nshared;
+/* The shared instances again, as a list that writes walk without the
+ * registry lock: an instance is pushed (under the lock, after its snext
+ * is set) and never leaves it before cache_cleanup, when no request
+ * runs, so a walker that loaded the head sees a list that only grows at
+ * the front.  A write that misses an instance pushed after its walk
+ * began is safe: that instance is only used once pushed, after the
+ * write reached the plugin, so it loads the new bytes. */
+static struct blk_cache *_Atomic shared_head;
 
 #define CSTAT_ADD(f, v) __atomic_store_n (&(f), (f) + (v), __ATOMIC_RELAXED)
 
@@ -1164,8 +1173,11 @@ instance_get (struct backend *below, struct context *n, int readonly, const char
     if (C) {
       C->inext = registry;
       registry = C;
-      if (C->shared)
+      if (C->shared) {
+        C->snext = shared_head;
+        atomic_store (&shared_head, C);   /* publishes snext with it */
         nshared++;
+      }
     }
   }
   if (C)
@@ -1180,18 +1192,19 @@ instance_get (struct backend *below, struct context *n, int readonly, const char
  * ignores the name, an unlisted spelling served uncached), and a
  * multi-conn client must see the write after a flush whatever name it
  * used.  A load racing with this is marked stale and never published.
- * Limit: distinct exports lose clean blocks at the same offsets, and with
- * several shared instances every write takes the registry lock. */
+ * The walk takes no global lock (shared_head says why that is safe):
+ * with several shared instances, writes on different shards used to
+ * queue on the registry lock; now they meet only on the other instance's
+ * stripe locks, one per block of the range.  Limit: distinct exports lose
+ * clean blocks at the same offsets. */
 static void
 others_invalidate (struct blk_cache *self, uint64_t offset, uint64_t count)
 {
   if (nshared <= (self && self->shared ? 1u : 0u))
     return;
-  pthread_mutex_lock (&registry_lock);
-  for (struct blk_cache *C = registry; C; C = C->inext)
-    if (C != self && C->shared)
+  for (struct blk_cache *C = atomic_load (&shared_head); C; C = C->snext)
+    if (C != self)
       range_op (C, offset, count, RANGE_INVALIDATE);
-  pthread_mutex_unlock (&registry_lock);
 }
 
 /* Writeback, for a context the cache does not serve (an unlisted name,
@@ -1199,30 +1212,18 @@ others_invalidate (struct blk_cache *self, uint64_t offset, uint64_t count)
  * [offset, offset+count) (all of them if `all`) reach the plugin before
  * this context reads, writes or flushes it, so a multi-conn client sees
  * another connection's acknowledged write after its own flush, as it
- * would without --cache.  The instances are collected under the registry
- * lock and written out after it is dropped (write_out holds an io lock
- * when it takes the registry lock); shared instances live until
- * cleanup, so the pointers stay good.  Limit: two listed names that are
- * one disk still keep their dirty blocks apart until each one's flush. */
+ * would without --cache.  The shared list is walked without the registry
+ * lock (see shared_head), so write_out may take io locks on the way.
+ * Limit: two listed names that are one disk still keep their dirty
+ * blocks apart until each one's flush. */
 static int
 others_write_back (uint64_t offset, uint64_t count, bool all)
 {
   if (cfg.cache_mode != CACHE_WRITEBACK || nshared == 0)
     return 0;
-  pthread_mutex_lock (&registry_lock);
-  size_t n = 0, cap = nshared;
-  struct blk_cache **v = cap ? malloc (cap * sizeof *v) : NULL;
-  if (v)
-    for (struct blk_cache *C = registry; C; C = C->inext)
-      if (C->shared)
-        v[n++] = C;
-  pthread_mutex_unlock (&registry_lock);
-  if (!v)
-    return cap ? ENOMEM : 0;
   int err = 0;
-  for (size_t i = 0; i < n && !err; i++)
-    err = all ? write_back_all (v[i]) : range_op (v[i], offset, count, RANGE_WRITEBACK);
-  free (v);
+  for (struct blk_cache *C = atomic_load (&shared_head); C && !err; C = C->snext)
+    err = all ? write_back_all (C) : range_op (C, offset, count, RANGE_WRITEBACK);
   return err;
 }
 
@@ -1361,6 +1362,7 @@ cache_cleanup (struct backend *b)
   pthread_mutex_lock (&registry_lock);
   struct blk_cache *list = registry;
   registry = NULL;
+  atomic_store (&shared_head, NULL);
   nshared = 0;
   pthread_mutex_unlock (&registry_lock);
   while (list) {

@@ -63,6 +63,7 @@ conn_new (struct shard *s, int fd, const char *peer)
   c->fd = fd;
   c->t_created = c->t_active = now_ns ();
   c->rcap = RBUF_SIZE;
+  c->rcvlowat = 1;                  /* the kernel's default */
   c->rbuf = malloc (c->rcap);
   if (!c->rbuf)
     goto fail;
@@ -461,15 +462,43 @@ read_some (struct conn *c)
   struct request *r = c->recv_req;
 
   if (r && r->count - c->recv_have >= DIRECT_THRESHOLD && c->roff == c->rlen) {
-    /* Into the payload's buffer, or the pieces the plugin placed it in. */
+    /* Into the payload's buffer, or the pieces the plugin placed it in,
+     * and the next request's header into rbuf in the same readv: a client
+     * with writes queued has it right behind the payload, and reading it
+     * now saves the read (and often the epoll round) that would fetch it
+     * alone.  Only the header: the next payload goes to its own buffer
+     * once the header says where.  TLS reads a record at a time. */
     struct iovec v[8];
-    unsigned nv = protocol_payload_iov (r, c->recv_have, v, c->tls ? 1 : 8);
-    want = 0;
+    unsigned nv = protocol_payload_iov (r, c->recv_have, v, c->tls ? 1 : 7);
+    size_t payload = 0;
     for (unsigned i = 0; i < nv; i++)
-      want += v[i].iov_len;
+      payload += v[i].iov_len;
+    want = payload;
+    c->roff = c->rlen = 0;
+    if (!c->tls && payload == r->count - c->recv_have) {
+      v[nv++] = (struct iovec) { c->rbuf, sizeof (struct nbd_request) };
+      want += sizeof (struct nbd_request);
+    }
+    c->write_stream = true;
     n = c->tls ? tls_recv (c, v[0].iov_base, v[0].iov_len) : readv (c->fd, v, nv);
+    if (n > 0) {
+      size_t k = (size_t) n < payload ? (size_t) n : payload;
+      c->recv_have += k;
+      c->rlen = n - k;
+    }
+  }
+  else if (c->write_stream && !r && !c->discard_left && c->roff == c->rlen
+           && c->phase == CONN_TRANSMISSION && !c->tls) {
+    /* The last request was a big WRITE: the next is likely one too, so
+     * read only its header, and the payload goes straight to its buffer
+     * on the next read instead of through rbuf and a copy.  Costs one
+     * read when the guess is wrong (write_stream is then cleared). */
+    c->roff = c->rlen = 0;
+    c->write_stream = false;        /* the direct read above sets it again */
+    want = sizeof (struct nbd_request);
+    n = read (c->fd, c->rbuf, want);
     if (n > 0)
-      c->recv_have += n;
+      c->rlen = n;
   }
   else {
     /* Keep room for the largest unit we parse whole (an option), so a
@@ -495,6 +524,46 @@ read_some (struct conn *c)
   if (n < 0)
     return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? -2 : -1;
   return n;
+}
+
+/* Going back to epoll with part of a big WRITE payload still to come:
+ * ask the kernel not to wake us until the rest is there (SO_RCVLOWAT),
+ * instead of once per segment, each wake-up a readv of a piece of the
+ * payload; back to 1 byte otherwise, so a lone request wakes us at once.
+ * Only the payload, never the next header: a client with nothing more to
+ * send would wait for ever.  The kernel still wakes us early when its
+ * receive window is nearly closed, at EOF and on errors.  Capped, so a
+ * huge payload takes a few wake-ups rather than a huge receive buffer.
+ * Clear text only: a TLS record does not map to a byte count.  AF_UNIX
+ * accepts the option but its poll ignores it: no gain there, no harm.
+ * Limit: on TCP the kernel may also raise the receive buffer and clamp
+ * the window to the mark the first time (tcp_set_rcvlowat); the mark is
+ * at least what the client is about to send, so that never stalls it. */
+#define LOWAT_MAX (1024 * 1024)
+
+static void
+conn_set_lowat (struct conn *c)
+{
+  int want = 1;
+  if (c->lowat_off)
+    return;
+  if (c->recv_req && c->roff == c->rlen) {
+    uint32_t left = c->recv_req->count - c->recv_have;
+    if (left >= DIRECT_THRESHOLD)
+      want = left < LOWAT_MAX ? (int) left : LOWAT_MAX;
+  }
+  if (want == c->rcvlowat)
+    return;
+  if (setsockopt (c->fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == -1) {
+    log_debug ("SO_RCVLOWAT: %m; waking per segment");
+    c->lowat_off = true;
+    return;
+  }
+  if (want > 1 && c->rcvlowat == 1)
+    c->shard->lowat_conns++;
+  else if (want == 1)
+    c->shard->lowat_conns--;
+  c->rcvlowat = want;
 }
 
 /* Input handling shared by the read event and resumption after a pause. */
@@ -554,6 +623,8 @@ conn_pump (struct conn *c, bool do_read)
     if (c->read_drained)
       break;
   }
+  if (!c->tls && c->fd >= 0 && c->phase == CONN_TRANSMISSION)
+    conn_set_lowat (c);
   /* TLS may hold whole records the socket will not announce again. */
   if (c->tls && !blocked && !(c->read_block & CONN_READ_PAUSED) && tls_pending (c))
     event_active (c->ev_read, EV_READ, 1);
@@ -693,6 +764,8 @@ conn_maybe_free (struct conn *c)
   if (c->next)
     c->next->prev = c->prev;
   s->nconns--;
+  if (c->rcvlowat > 1)
+    s->lowat_conns--;
   event_free (c->ev_read);
   event_free (c->ev_write);
   event_free (c->ev_stall);

@@ -349,6 +349,9 @@ struct conn {
   struct request *recv_req;
   uint32_t recv_have;
   uint64_t discard_left;
+  bool write_stream;              /* last request a WRITE read straight into place */
+  int rcvlowat;                   /* SO_RCVLOWAT now set (conn_set_lowat) */
+  bool lowat_off;                 /* the socket refused it: leave it alone */
   struct request *stalled_req;    /* parsed, waiting for a pool buffer */
   uint32_t skip_option;           /* option too big: answered once skipped */
 
@@ -435,6 +438,7 @@ struct shard {
   struct queue *queue;            /* this shard's work queue (split mode) */
   bool draining;
   uint64_t reads;                 /* read callbacks run: the poll window's signal */
+  unsigned lowat_conns;           /* conns waiting on a payload under SO_RCVLOWAT */
   struct shard_stats *stats;      /* counters and delay accounting (delayacct.c) */
 };
 

@@ -356,11 +356,14 @@ shard_main (void *arg)
    * the CPU.  Only while requests come closer together than the window:
    * a round that read requests polls afterwards only if the previous one
    * ended less than a window before, so a client with longer gaps costs at
-   * most one wasted window, and an idle shard sleeps as before. */
+   * most one wasted window, and an idle shard sleeps as before.  Not while
+   * a connection waits for the rest of a big WRITE payload: the kernel
+   * wakes us once it is all there (SO_RCVLOWAT, conn.c), and spinning
+   * until then only takes the CPU from the client sending it. */
   uint64_t window = (uint64_t) cfg.poll_us * 1000, last_read = 0, seen = s->reads;
   bool close_together = false;
   for (;;) {
-    bool poll = close_together && now_ns () - last_read < window;
+    bool poll = close_together && !s->lowat_conns && now_ns () - last_read < window;
     event_base_loop (s->base, (poll ? EVLOOP_NONBLOCK : EVLOOP_ONCE) | EVLOOP_NO_EXIT_ON_EMPTY);
     if (event_base_got_break (s->base) || event_base_got_exit (s->base))
       break;

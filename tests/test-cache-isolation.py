@@ -149,6 +149,39 @@ for h in (a, b, a2):
     h.shutdown()
 srv.stop()
 
+# Two listed names, one disk (hard links): two shared caches of it.  A
+# write under one name drops the other's clean copy of the block, from
+# connections on both shards at once (writes walk the shared list
+# without the registry lock).
+ldir = os.path.join(TMP, "links")
+os.mkdir(ldir)
+with open(os.path.join(ldir, "p"), "wb") as f:
+    f.write(b"\x70" * (4 << 20))
+os.link(os.path.join(ldir, "p"), os.path.join(ldir, "q"))
+srv, mport = cache_server(["file", "dir=" + ldir], extra=["--shards", "2"])
+hp = [nbd_connect(srv, export="p") for _ in range(2)]
+hq = [nbd_connect(srv, export="q") for _ in range(2)]
+check_eq(stats(mport)["cache"]["instances"], 2, "hard links: two shared caches of one disk")
+stale = 0
+for rnd in range(16):
+    blk = (rnd % 8) * BLOCK
+    byte = bytes([0x80 + rnd])
+    # Both names cache the block, then each connection in turn writes it.
+    for h in hp + hq:
+        h.pread(4, blk)
+    w = (hp + hq)[rnd % 4]
+    w.pwrite(byte * BLOCK, blk)
+    w.flush()
+    for h in hp + hq:
+        h.flush()
+        if bytes(h.pread(4, blk)) != byte * 4:
+            stale += 1
+check(stale == 0, "hard links: every write under one name is seen under the other after flush",
+      "%d stale reads" % stale)
+for h in hp + hq:
+    h.shutdown()
+srv.stop()
+
 # ---- memory: multi-conn, one shared cache -----------------------------
 srv, mport = cache_server(["memory", "16M"])
 a = nbd_connect(srv)

@@ -1,0 +1,156 @@
+#!/usr/bin/python3
+"""Per-request costs of a server and of fio, the measures that hold up on a
+loaded machine: syscalls, wake-ups (context switches), page faults and
+mmaps per request, and CPU microseconds per request, for the server
+process and for fio itself.  Rates are printed too, but only as a
+direction: read them from alternating runs on a quiet machine.
+
+Each SERVER is "nbdkit" or a path to a blkd build, optionally followed by
+its options ("./blkd --poll-us 0").  The servers run in turn, the order
+reversed on alternate rounds, each on a fresh process with the plugin
+prefilled (reads measure data, not holes).  Counting uses perf's syscall
+tracepoints (perf stat -p), so it needs perf and permission to trace.
+
+Usage: bench/per-request.py [--rounds N] [--seconds S] [--plugin memory]
+          [--rw write --bs 256k --iodepth 16] [--prefill-bs 1M]
+          [--env VAR=VALUE] SERVER [SERVER ...]
+Example: bench/per-request.py --rw write --bs 256k --iodepth 16 \\
+          nbdkit ./blkd "./blkd --poll-us 0"
+"""
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from anchors import TOP, free_port, proc_cpu, wait_port  # noqa: E402
+
+SYSCALLS = ["read", "readv", "recvfrom", "recvmsg", "write", "writev", "sendto", "sendmsg",
+            "epoll_wait", "poll", "ppoll", "futex", "setsockopt", "mmap", "munmap", "madvise"]
+EVENTS = ["syscalls:sys_enter_" + s for s in SYSCALLS] + [
+    "context-switches", "cpu-migrations", "page-faults"]
+
+
+def perf_counts(path):
+    out = {}
+    with open(path) as f:
+        for line in f:
+            v = line.strip().split(",")
+            if len(v) > 2 and v[0] and v[0][0].isdigit():
+                out[v[2].replace("syscalls:sys_enter_", "")] = float(v[0])
+    return out
+
+
+def run_one(spec, a, tmp):
+    argv = shlex.split(spec)
+    port = free_port()
+    if argv[0] == "nbdkit":
+        # blkd's own plugins (ram, rawio) load into nbdkit by path.
+        own = os.path.join(TOP, "plugins", a.plugin, "nbdkit-%s-plugin.so" % a.plugin)
+        cmd = ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port)] + argv[1:] + \
+            [own if os.path.exists(own) else a.plugin, a.size]
+    else:
+        cmd = [os.path.abspath(argv[0]), "-f", "-i", "127.0.0.1", "-p", str(port)] + \
+            argv[1:] + [a.plugin, a.size]
+    env = dict(os.environ)
+    for e in a.env:
+        k, v = e.split("=", 1)
+        env[k] = v
+    srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           stdin=subprocess.DEVNULL, env=env)
+    try:
+        wait_port(port, srv)
+        uri = "nbd://127.0.0.1:%d/" % port
+        fio_base = ["fio", "--ioengine=nbd", "--uri=" + uri, "--size=" + a.size]
+        subprocess.run(fio_base + ["--name=fill", "--rw=write", "--bs=" + a.prefill_bs,
+                                   "--iodepth=8", "--output=/dev/null"], check=True,
+                       cwd=tmp, stderr=subprocess.DEVNULL)
+        sp, fp = os.path.join(tmp, "srv.perf"), os.path.join(tmp, "fio.perf")
+        u0, s0 = proc_cpu(srv.pid)
+        perf = subprocess.Popen(["perf", "stat", "-x,", "-e", ",".join(EVENTS), "-p",
+                                 str(srv.pid), "-o", sp])
+        time.sleep(0.2)
+        out = subprocess.run(["perf", "stat", "-x,", "-e", ",".join(EVENTS), "-o", fp] +
+                             fio_base + ["--name=b", "--rw=" + a.rw, "--bs=" + a.bs,
+                                         "--iodepth=%d" % a.iodepth, "--time_based",
+                                         "--runtime=%g" % a.seconds, "--output-format=json"],
+                             capture_output=True, text=True, cwd=tmp)
+        u1, s1 = proc_cpu(srv.pid)
+        perf.send_signal(signal.SIGINT)
+        perf.wait(10)
+        if out.returncode != 0:
+            raise RuntimeError("fio failed: %s" % out.stderr)
+        j = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
+        io = j["read"] if j["read"]["io_bytes"] else j["write"]
+        n = io["total_ios"] or 1
+        s, f = perf_counts(sp), perf_counts(fp)
+        return {
+            "iops": io["iops"], "n": n,
+            "srv_cpu_us": ((u1 - u0) + (s1 - s0)) * 1e6 / n,
+            "srv_user_us": (u1 - u0) * 1e6 / n,
+            "fio_cpu_us": (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["job_runtime"] * 1e3 / n,
+            "srv": {k: v / n for k, v in s.items()},
+            "fio": {k: v / n for k, v in f.items()},
+        }
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        try:
+            srv.wait(15)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
+
+
+def fmt(d, keys):
+    return " ".join("%s %.2f" % (k, d.get(k, 0)) for k in keys if d.get(k, 0) >= 0.005)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=4)
+    ap.add_argument("--plugin", default="memory")
+    ap.add_argument("--size", default="1G")
+    ap.add_argument("--rw", default="write")
+    ap.add_argument("--bs", default="256k")
+    ap.add_argument("--iodepth", type=int, default=16)
+    ap.add_argument("--prefill-bs", default="1M")
+    ap.add_argument("--env", action="append", default=[], help="VAR=VALUE for the servers")
+    ap.add_argument("servers", nargs="+")
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="blkd-per-request.")
+    res = {s: [] for s in a.servers}
+    for rnd in range(a.rounds):
+        order = a.servers if rnd % 2 == 0 else list(reversed(a.servers))
+        for s in order:
+            r = run_one(s, a, tmp)
+            res[s].append(r)
+            print("round %d %-30s %8.0f IOPS  server %6.1f us/req (user %5.1f)  fio %6.1f us/req"
+                  % (rnd + 1, s, r["iops"], r["srv_cpu_us"], r["srv_user_us"], r["fio_cpu_us"]),
+                  file=sys.stderr, flush=True)
+    print("%s %s QD%d, plugin %s, %d rounds of %gs, medians per request; load average %.2f"
+          % (a.rw, a.bs, a.iodepth, a.plugin, a.rounds, a.seconds, os.getloadavg()[0]))
+    print()
+    print("| server | IOPS (direction only) | server CPU µs (user) | fio CPU µs | "
+          "server syscalls, wake-ups, faults | fio syscalls, wake-ups |")
+    print("|---|---|---|---|---|---|")
+    for s, rs in res.items():
+        def m(key, sub=None):
+            return statistics.median([(r[sub].get(key, 0) if sub else r[key]) for r in rs])
+        keys = SYSCALLS + ["context-switches", "cpu-migrations", "page-faults"]
+        srv = {k: m(k, "srv") for k in keys}
+        fio = {k: m(k, "fio") for k in keys}
+        print("| %s | %.0f | %.1f (%.1f) | %.1f | %s | %s |" % (
+            s, m("iops"), m("srv_cpu_us"), m("srv_user_us"), m("fio_cpu_us"),
+            fmt(srv, keys), fmt(fio, keys)))
+
+
+if __name__ == "__main__":
+    main()
