@@ -307,6 +307,10 @@ struct bp_wire {
   char *dst;
   size_t left;
   bool last;                       /* the payload ends its reply */
+  /* Wake-up threshold for uniform large reads (wire.c, bp_wire_wake). */
+  size_t wake_bytes;               /* one whole reply on the wire; 0: never */
+  unsigned wake_run;               /* whole replies in a row, before arming */
+  bool wake_on, wake_off;          /* armed now; disarmed for good */
   char err[160];
 };
 
@@ -314,9 +318,11 @@ typedef void bp_wire_done_fn (void *opaque, uint32_t slot, int error);
 
 /* Takes over a connected socket (libnbd's, negotiated and idle): makes it
  * blocking with a 200 ms receive timeout.  big_reads: reads of at least
- * 64 KiB are coming, receive their headers alone.  -1 with errno on failure. */
+ * 64 KiB are coming, receive their headers alone.  wake_len: every request
+ * is a read of this many bytes (0: not so), so each reply has one size and
+ * the socket may wake us once per whole reply.  -1 with errno on failure. */
 int bp_wire_init (struct bp_wire *w, int fd, bool structured, unsigned depth,
-                  bool big_reads);
+                  bool big_reads, uint32_t wake_len);
 /* Restores the socket's flags and frees the buffers. */
 void bp_wire_free (struct bp_wire *w);
 /* Queues a request under handle SLOT (< depth, not in flight). */
