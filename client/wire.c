@@ -159,7 +159,7 @@ void
 bp_wire_free (struct bp_wire *w)
 {
   if (w->fd >= 0 && w->flags_changed) {
-    if (w->wake_on) {
+    if (w->wake_bytes) {         /* armed, or half-armed by a failed call */
       int one = 1;
       setsockopt (w->fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
     }
@@ -281,11 +281,11 @@ bp_wire_header (struct bp_wire *w, bp_wire_done_fn *done, void *opaque)
     struct bp_wire_req *r = &w->req[h];
     w->rx_head += 16;
     r->error = err ? (int) err : 0;
+    bp_wire_wake_note (w, r->op == BP_OP_READ && err == 0 && !w->structured
+                       && 16u + (size_t) r->len == w->wake_bytes);
     /* A successful simple reply to a read carries the whole data, and
      * structured replies forbid a simple reply to a read (it could not
      * say where its data ends). */
-    bp_wire_wake_note (w, r->op == BP_OP_READ && err == 0 && !w->structured
-                       && 16u + (size_t) r->len == w->wake_bytes);
     if (r->op == BP_OP_READ && err == 0) {
       if (w->structured)
         return bp_wire_fail (w, "protocol error: %s", "simple reply to a read "
