@@ -310,6 +310,7 @@ struct bp_wire {
   /* Wake-up threshold for uniform large reads (wire.c, bp_wire_wake). */
   size_t wake_bytes;               /* one whole reply on the wire; 0: never */
   unsigned wake_run;               /* whole replies in a row, before arming */
+  unsigned wake_looks;             /* times arming was considered */
   bool wake_on, wake_off;          /* armed now; disarmed for good */
   char err[160];
 };

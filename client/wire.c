@@ -112,10 +112,21 @@ bp_wire_wake_note (struct bp_wire *w, bool whole)
       bp_wire_wake (w, false);
     return;
   }
-  /* A full queue's worth of whole replies first: by then TCP's receive
-   * buffer autotuning has grown the buffer well past one reply, and
-   * SO_RCVLOWAT leaves it alone (below that it would clamp the window). */
-  if (!w->wake_on && ++w->wake_run >= (w->depth > 4 ? w->depth : 4))
+  /* A queue's worth of whole replies first, and preferably a receive
+   * buffer that autotuning has grown to two replies or more: on a smaller
+   * one SO_RCVLOWAT grows the buffer itself and sets the window clamp to
+   * one reply, until autotuning raises both again.  Not yet: look again
+   * after another queue's worth; on the fourth look arm all the same (a
+   * buffer that has not grown by then belongs to a connection too slow
+   * for one reply's window to limit it). */
+  if (w->wake_on || ++w->wake_run < (w->depth > 4 ? w->depth : 4))
+    return;
+  int rcvbuf;
+  socklen_t sl = sizeof rcvbuf;
+  w->wake_run = 0;
+  if (++w->wake_looks >= 4
+      || (getsockopt (w->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &sl) == 0
+          && rcvbuf >= 0 && (size_t) rcvbuf >= 2 * w->wake_bytes))
     bp_wire_wake (w, true);
 }
 
