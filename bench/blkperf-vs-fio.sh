@@ -102,12 +102,7 @@ def srv_count_stop(p, statfile):
         return {}
     p.send_signal(2)
     p.wait()
-    got = {}
-    for line in open(statfile):
-        f = line.strip().split(",")
-        if len(f) > 2 and f[0].replace(".", "").isdigit():
-            got["srv_futex" if "futex" in f[2] else "srv_cswitch"] = float(f[0])
-    return got
+    return perf_counts(statfile, lambda ev: "srv_futex" if "futex" in ev else "srv_cswitch")
 
 
 def perf_wrap(argv, statfile):
@@ -117,12 +112,13 @@ def perf_wrap(argv, statfile):
             "raw_syscalls:sys_enter,context-switches"] + argv
 
 
-def perf_counts(statfile):
+def perf_counts(statfile, key=lambda ev: "syscalls" if "sys_enter" in ev else "cswitch"):
+    """perf stat -x , output: {key(event name): count}."""
     got = {}
     for line in open(statfile):
         f = line.strip().split(",")
         if len(f) > 2 and f[0].replace(".", "").isdigit():
-            got["syscalls" if "sys_enter" in f[2] else "cswitch"] = float(f[0])
+            got[key(f[2])] = float(f[0])
     return got
 
 

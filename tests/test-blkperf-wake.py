@@ -31,16 +31,6 @@ PIECES = 8
 GAP_S = 0.002
 REQUESTS = 200
 
-NBD_OPT_GO = 7
-NBD_OPT_INFO = 6
-NBD_REP_ACK = 1
-NBD_REP_INFO = 3
-NBD_REP_ERR_UNSUP = (1 << 31) + 1
-NBD_CMD_READ = 0
-NBD_CMD_DISC = 2
-NBD_FLAG_HAS_FLAGS = 1
-NBD_FLAG_READ_ONLY = 2
-
 
 def recv_exact(s, n):
     b = b""
@@ -94,7 +84,7 @@ class DribbleServer:
             magic, opt, n = struct.unpack(">QII", recv_exact(c, 16))
             recv_exact(c, n)
             if opt in (NBD_OPT_GO, NBD_OPT_INFO):
-                info = struct.pack(">HQH", 0, SIZE, NBD_FLAG_HAS_FLAGS | NBD_FLAG_READ_ONLY)
+                info = struct.pack(">HQH", NBD_INFO_EXPORT, SIZE, NBD_FLAG_HAS_FLAGS | NBD_FLAG_READ_ONLY)
                 opt_reply(c, opt, NBD_REP_INFO, info)
                 opt_reply(c, opt, NBD_REP_ACK)
                 if opt == NBD_OPT_GO:
