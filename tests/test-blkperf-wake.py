@@ -27,9 +27,13 @@ if not os.access(BLKPERF, os.X_OK):
 
 BS = 256 * 1024
 SIZE = 64 << 20
-PIECES = 8
-GAP_S = 0.002
-REQUESTS = 200
+# 16 pieces 1 ms apart: 16 ms a reply, well inside the 50 ms receive
+# timeout blkperf uses while the threshold is armed, even when slowed down
+# a few times by load; and many more wake-ups per reply than one when
+# woken per piece, even when load merges some pieces.
+PIECES = 16
+GAP_S = 0.001
+REQUESTS = 400
 
 
 def recv_exact(s, n):
@@ -141,9 +145,10 @@ per = nvcsw / REQUESTS
 print("voluntary context switches: %d, %.2f per request (a reply comes in %d pieces)"
       % (nvcsw, per, PIECES))
 # Woken per piece: about PIECES per request.  Woken per reply: about one,
-# plus the first replies before the threshold is armed and the other
-# threads' few wake-ups.
-check(per < 3, "blkperf woke %.2f times per request; a reply comes in %d pieces, "
+# plus the first replies before the threshold is armed (up to 16 here: the
+# slow server leaves the receive buffer small, so blkperf arms on its
+# fourth look) and the other threads' few wake-ups.
+check(per < PIECES / 4, "blkperf woke %.2f times per request; a reply comes in %d pieces, "
       "expected about one wake-up per reply" % (per, PIECES))
 
 # TEST: --io=libnbd is untouched by it and still works here.
