@@ -18,6 +18,7 @@
 # It prints one markdown row per cell: medians, the per-round
 # blkperf/fio ratio's median and min..max, and the median load.  Raw
 # results go to $OUT as JSON.
+# BLKPERF_ARGS adds options to every blkperf run (e.g. "--wake-replies 4").
 #   ROUNDS=5 LEN=5 TARGETS="null memory memfill blkd" COUNT=0 bench/blkperf-vs-fio.sh [OUTDIR]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,7 +34,7 @@ if [ "$COUNT" = 1 ] && ! command -v perf >/dev/null; then
   echo "COUNT=1 needs perf (Debian: linux-perf)" >&2; exit 1
 fi
 
-TOP=$top ROUNDS=$ROUNDS LEN=$LEN TARGETS=$TARGETS COUNT=$COUNT BLKD=$BLKD BLKPERF=$BLKPERF OUT=$OUT \
+BLKPERF_ARGS=${BLKPERF_ARGS:-} TOP=$top ROUNDS=$ROUNDS LEN=$LEN TARGETS=$TARGETS COUNT=$COUNT BLKD=$BLKD BLKPERF=$BLKPERF OUT=$OUT \
 /usr/bin/python3 - <<'EOF'
 import json, os, statistics, subprocess, sys, tempfile, time
 
@@ -125,7 +126,7 @@ def perf_counts(statfile, key=lambda ev: "syscalls" if "sys_enter" in ev else "c
 def run_blkperf(uri, load, statfile, target):
     _, test, _, bs, qd, _ = load
     argv = [env["BLKPERF"], "--json", "--quiet", "-c", "-t", test, "-b", bs, "-q", str(qd),
-            "-l", length, uri]
+            "-l", length] + env["BLKPERF_ARGS"].split() + [uri]
     d = json.loads(subprocess.run(perf_wrap(argv, statfile), check=True, capture_output=True,
                                   text=True).stdout)
     proc = d["cpu"]["local"]["process"] if d["cpu"]["local"] else None
@@ -192,7 +193,8 @@ for f in (statfile, srvstat):
 
 stamp = time.strftime("%Y%m%dT%H%M%S")
 with open(os.path.join(env["OUT"], "blkperf-vs-fio-%s.json" % stamp), "w") as f:
-    json.dump({"rounds": rounds, "length_s": length, "count": count, "results": results}, f,
+    json.dump({"rounds": rounds, "length_s": length, "count": count,
+               "blkperf_args": env["BLKPERF_ARGS"], "results": results}, f,
               indent=1)
 
 med = statistics.median

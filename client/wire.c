@@ -75,14 +75,17 @@ bp_wire_set_rcvtimeo (int fd, long us)
   return setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
 
-/* The wake-up threshold.  Without it, a thread asleep in recv() is woken
+/* The wake-up threshold (by default one whole reply, for reads of 64 KiB
+ * and more; --wake-replies sets how many).  Without it, a thread asleep in
+ * recv() is woken
  * by every segment that arrives: over loopback a 256 KiB reply comes as
  * four 64 KiB segments, so four wake-ups, each a context switch here and a
  * wake-up call (and, on a VM, often an IPI to an idle vCPU) in the server
  * thread that is sending, usually while it holds its connection's send
  * lock.  With SO_RCVLOWAT at one whole reply, TCP wakes us once the whole
  * reply is queued, and the header and payload recv() calls then find it
- * all there.  It is armed only when every reply has that one size (the
+ * all there; at several, one wake-up serves several replies (and the
+ * refills go out together, a burst the server has to take apart).  It is armed only when every reply has that one size (the
  * caller says all requests are reads of wake_len bytes) and only after
  * a run of whole replies, so a server that answers with holes or errors
  * (shorter on the wire) never arms it; one that starts doing so later
@@ -104,7 +107,7 @@ bp_wire_wake (struct bp_wire *w, bool on)
 static inline void
 bp_wire_wake_note (struct bp_wire *w, bool whole)
 {
-  if (w->wake_bytes == 0 || w->wake_off)
+  if (w->wake_reply == 0 || w->wake_off)
     return;
   if (!whole) {
     w->wake_off = true;
@@ -130,16 +133,27 @@ bp_wire_wake_note (struct bp_wire *w, bool whole)
     bp_wire_wake (w, true);
 }
 
+void
+bp_wire_wake_stop (struct bp_wire *w)
+{
+  if (w->wake_on)
+    bp_wire_wake (w, false);
+  w->wake_off = true;
+}
+
 int
 bp_wire_init (struct bp_wire *w, int fd, bool structured, unsigned depth, bool big_reads,
-              uint32_t wake_len)
+              uint32_t wake_len, unsigned wake_k)
 {
   memset (w, 0, sizeof *w);
   w->fd = fd;
   w->structured = structured;
   w->big_reads = big_reads;
   w->depth = depth;
-  w->wake_bytes = wake_len ? (structured ? 28u : 16u) + (size_t) wake_len : 0;
+  if (wake_len && wake_k) {
+    w->wake_reply = (structured ? 28u : 16u) + (size_t) wake_len;
+    w->wake_bytes = wake_k * w->wake_reply;
+  }
   w->req = calloc (depth, sizeof *w->req);
   w->iov = calloc (2 * (size_t) depth + 1, sizeof *w->iov);
   w->rx = malloc (BP_WIRE_RXBUF);
@@ -170,7 +184,7 @@ void
 bp_wire_free (struct bp_wire *w)
 {
   if (w->fd >= 0 && w->flags_changed) {
-    if (w->wake_bytes) {         /* armed, or half-armed by a failed call */
+    if (w->wake_reply) {         /* armed, or half-armed by a failed call */
       int one = 1;
       setsockopt (w->fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
     }
@@ -293,7 +307,7 @@ bp_wire_header (struct bp_wire *w, bp_wire_done_fn *done, void *opaque)
     w->rx_head += 16;
     r->error = err ? (int) err : 0;
     bp_wire_wake_note (w, r->op == BP_OP_READ && err == 0 && !w->structured
-                       && 16u + (size_t) r->len == w->wake_bytes);
+                       && 16u + (size_t) r->len == w->wake_reply);
     /* A successful simple reply to a read carries the whole data, and
      * structured replies forbid a simple reply to a read (it could not
      * say where its data ends). */
@@ -353,7 +367,7 @@ bp_wire_header (struct bp_wire *w, bp_wire_done_fn *done, void *opaque)
       return bp_wire_fail (w, "protocol error: %s", "data chunk outside the request");
     w->rx_head += 20 + (hole ? 12 : 8);
     bp_wire_wake_note (w, !hole && last && off == r->off && n == r->len
-                       && 28u + (size_t) n == w->wake_bytes);
+                       && 28u + (size_t) n == w->wake_reply);
     if (hole)
       memset (r->buf + (off - r->off), 0, n);
     else {

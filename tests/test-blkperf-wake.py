@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # blkperf's wake-up threshold (client/wire.c, bp_wire_wake): on uniform
 # large reads the connection thread must wake about once per whole reply,
-# not once per piece of it that arrives.  The server here is a minimal NBD
+# not once per piece of it that arrives; --wake-replies sets or disables it.  The server here is a minimal NBD
 # server in this file that sends each 256 KiB read reply in PIECES pieces a
 # few milliseconds apart, so that a client woken per arrival sleeps and
 # wakes PIECES times per reply whatever the load.  The measure is the
@@ -150,6 +150,26 @@ print("voluntary context switches: %d, %.2f per request (a reply comes in %d pie
 # fourth look) and the other threads' few wake-ups.
 check(per < PIECES / 4, "blkperf woke %.2f times per request; a reply comes in %d pieces, "
       "expected about one wake-up per reply" % (per, PIECES))
+
+# TEST: --wake-replies 0 turns the threshold off: woken per piece again.
+rc, d, err, nvcsw = blkperf(srv.port, "-q", "4", "-n", "100", "--wake-replies", "0")
+check(rc == 0 and d is not None and d["requests"] == 100 and d["wake_replies"] == 0,
+      "--wake-replies 0 runs and says so", err)
+check(nvcsw / 100 > PIECES / 2, "--wake-replies 0: woken %.2f times per request, "
+      "expected about one per piece (%d)" % (nvcsw / 100, PIECES))
+
+# TEST: several replies per wake-up: every request still ends, including
+# the last few, fewer than the threshold (it is dropped once no more
+# requests will be issued).
+rc, d, err, _ = blkperf(srv.port, "-q", "8", "-n", "100", "--wake-replies", "4")
+check(rc == 0 and d is not None and d["requests"] == 100 and d["errors"] == 0
+      and d["wake_replies"] == 4, "--wake-replies 4: 100 requests done", err)
+
+# TEST: a threshold above the queue depth is a one-line usage error.
+p = subprocess.run([BLKPERF, "-t", "RAND_READ", "-q", "8", "--wake-replies", "9",
+                    "nbd://127.0.0.1:%d" % srv.port], capture_output=True, text=True)
+check(p.returncode == 2 and p.stderr.startswith("blkperf: --wake-replies 9: more than the 8 "),
+      "--wake-replies above -q refused", p.stderr)
 
 # TEST: --io=libnbd is untouched by it and still works here.
 rc, d, err, nvcsw = blkperf(srv.port, "--io=libnbd", "-q", "4", "-n", "40")
