@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
 # Is blkperf ever the bottleneck?  blkperf against fio's nbd engine on the
 # same target in the same run: rounds alternate the two tools (the order
-# flips every round) on nbdkit null, nbdkit memory and blkd (serving
-# nbdkit's null plugin, holes sent as data), for STREAM_READ 256k QD16 and RAND_READ 4k QD32.
+# flips every round) on nbdkit null, nbdkit memory (8G, never written: its
+# reads are of holes, which nbdkit still sends as data), nbdkit memory
+# prefilled (memfill: 1G written once, untimed, so reads copy real pages)
+# and blkd (serving nbdkit's null plugin, holes sent as data), for
+# STREAM_READ 256k QD16 and RAND_READ 4k QD32.
 # Per cell it keeps each tool's rate, its client CPU per request (blkperf:
 # getrusage over the window, -c; fio: the job's usr_cpu+sys_cpu over its
-# runtime) and the 1-minute load average when the cell started; with
-# COUNT=1 it also counts each tool's syscalls and context switches per
-# request with perf stat (the counting slows both tools, so COUNT=1 rows
-# are for the counts, not the rates).  It prints one markdown row per
-# cell: medians, the per-round blkperf/fio ratio's median and min..max,
-# and the median load.  Raw results go to $OUT as JSON.
-#   ROUNDS=5 LEN=5 TARGETS="null memory blkd" COUNT=0 bench/blkperf-vs-fio.sh [OUTDIR]
+# runtime), the server's CPU per request while that tool ran (the server
+# process's utime+stime from /proc, so what the client costs the server
+# shows next to what it costs itself) and the 1-minute load average when
+# the cell started; with COUNT=1 it also counts each tool's syscalls and
+# context switches per request with perf stat, and the server's context
+# switches and futex calls per request under each tool (the counting
+# slows everything, so COUNT=1 rows are for the counts, not the rates).
+# It prints one markdown row per cell: medians, the per-round
+# blkperf/fio ratio's median and min..max, and the median load.  Raw
+# results go to $OUT as JSON.
+# BLKPERF_ARGS adds options to every blkperf run (e.g. "--wake-replies 4").
+#   ROUNDS=5 LEN=5 TARGETS="null memory memfill blkd" COUNT=0 bench/blkperf-vs-fio.sh [OUTDIR]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-: "${ROUNDS:=5}" "${LEN:=5}" "${TARGETS:=null memory blkd}" "${COUNT:=0}"
+: "${ROUNDS:=5}" "${LEN:=5}" "${TARGETS:=null memory memfill blkd}" "${COUNT:=0}"
 : "${BLKD:=$top/blkd}" "${BLKPERF:=$top/blkperf}"
 OUT=${1:-$top/build/bench}
 mkdir -p "$OUT"
@@ -26,7 +34,7 @@ if [ "$COUNT" = 1 ] && ! command -v perf >/dev/null; then
   echo "COUNT=1 needs perf (Debian: linux-perf)" >&2; exit 1
 fi
 
-TOP=$top ROUNDS=$ROUNDS LEN=$LEN TARGETS=$TARGETS COUNT=$COUNT BLKD=$BLKD BLKPERF=$BLKPERF OUT=$OUT \
+BLKPERF_ARGS=${BLKPERF_ARGS:-} TOP=$top ROUNDS=$ROUNDS LEN=$LEN TARGETS=$TARGETS COUNT=$COUNT BLKD=$BLKD BLKPERF=$BLKPERF OUT=$OUT \
 /usr/bin/python3 - <<'EOF'
 import json, os, statistics, subprocess, sys, tempfile, time
 
@@ -41,11 +49,14 @@ SIZE = "8G"
 TARGETS = {
     "null": ["nbdkit", "-f", "-i", "127.0.0.1", "-p", "{port}", "null", SIZE],
     "memory": ["nbdkit", "-f", "-i", "127.0.0.1", "-p", "{port}", "memory", SIZE],
+    # 1G, not 8G: prefilled, it holds its size in RAM.
+    "memfill": ["nbdkit", "-f", "-i", "127.0.0.1", "-p", "{port}", "memory", "1G"],
     # Holes off: blkd would otherwise answer the null plugin's reads with
     # OFFSET_HOLE chunks, and no data would cross the socket.
     "blkd": [env["BLKD"], "-f", "-i", "127.0.0.1", "-p", "{port}", "--sparse-reads", "no",
              os.path.join(plugindir, "nbdkit-null-plugin.so"), "size=" + SIZE],
 }
+TSIZE = {"memfill": "1G"}  # the export size fio is told, where not SIZE
 LOADS = [  # name, blkperf test, fio rw, block size, depth, metric
     ("STREAM_READ 256k QD16", "STREAM_READ", "read", "256k", 16, "mib_s"),
     ("RAND_READ 4k QD32", "RAND_READ", "randread", "4k", 32, "iops"),
@@ -61,7 +72,38 @@ def start(target):
     except RuntimeError:
         proc.kill()
         raise
-    return proc, "nbd://127.0.0.1:%d" % port
+    uri = "nbd://127.0.0.1:%d" % port
+    if target == "memfill":
+        # Every page written once, untimed: reads then copy allocated pages.
+        subprocess.run([env["BLKPERF"], "--quiet", "-t", "STREAM_WRITE", "-b", "1M", "-q", "8",
+                        "-n", "1024", uri], check=True, stdout=subprocess.DEVNULL)
+    return proc, uri
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid):
+    """utime+stime of a whole process, exited threads included."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def srv_count_start(pid, statfile):
+    if not count:
+        return None
+    return subprocess.Popen(["perf", "stat", "-x", ",", "-o", statfile, "-p", str(pid), "-e",
+                             "context-switches,syscalls:sys_enter_futex"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def srv_count_stop(p, statfile):
+    if p is None:
+        return {}
+    p.send_signal(2)
+    p.wait()
+    return perf_counts(statfile, lambda ev: "srv_futex" if "futex" in ev else "srv_cswitch")
 
 
 def perf_wrap(argv, statfile):
@@ -71,19 +113,20 @@ def perf_wrap(argv, statfile):
             "raw_syscalls:sys_enter,context-switches"] + argv
 
 
-def perf_counts(statfile):
+def perf_counts(statfile, key=lambda ev: "syscalls" if "sys_enter" in ev else "cswitch"):
+    """perf stat -x , output: {key(event name): count}."""
     got = {}
     for line in open(statfile):
         f = line.strip().split(",")
         if len(f) > 2 and f[0].replace(".", "").isdigit():
-            got["syscalls" if "sys_enter" in f[2] else "cswitch"] = float(f[0])
+            got[key(f[2])] = float(f[0])
     return got
 
 
-def run_blkperf(uri, load, statfile):
+def run_blkperf(uri, load, statfile, target):
     _, test, _, bs, qd, _ = load
     argv = [env["BLKPERF"], "--json", "--quiet", "-c", "-t", test, "-b", bs, "-q", str(qd),
-            "-l", length, uri]
+            "-l", length] + env["BLKPERF_ARGS"].split() + [uri]
     d = json.loads(subprocess.run(perf_wrap(argv, statfile), check=True, capture_output=True,
                                   text=True).stdout)
     proc = d["cpu"]["local"]["process"] if d["cpu"]["local"] else None
@@ -92,10 +135,11 @@ def run_blkperf(uri, load, statfile):
             "cpu_us_req": cpu_s * 1e6 / d["requests"] if cpu_s is not None else None}
 
 
-def run_fio(uri, load, statfile):
+def run_fio(uri, load, statfile, target):
     _, _, rw, bs, qd, _ = load
     argv = ["fio", "--name=vs", "--ioengine=nbd", "--uri=" + uri, "--rw=" + rw, "--bs=" + bs,
-            "--iodepth=" + str(qd), "--size=" + SIZE, "--time_based", "--runtime=" + length,
+            "--iodepth=" + str(qd), "--size=" + TSIZE.get(target, SIZE), "--time_based",
+            "--runtime=" + length,
             "--output-format=json"]
     out = subprocess.run(perf_wrap(argv, statfile), check=True, capture_output=True,
                          text=True).stdout
@@ -109,6 +153,7 @@ def run_fio(uri, load, statfile):
 
 results = []
 statfile = tempfile.mktemp(prefix="blkperf-vs-fio.")
+srvstat = statfile + ".srv"
 for r in range(rounds):
     for target in env["TARGETS"].split():
         for load in LOADS:
@@ -118,7 +163,14 @@ for r in range(rounds):
                 cell = {"round": r + 1, "target": target, "load": load[0], "loadavg_1m": load1}
                 order = ["blkperf", "fio"] if r % 2 == 0 else ["fio", "blkperf"]
                 for tool in order:
-                    res = (run_blkperf if tool == "blkperf" else run_fio)(uri, load, statfile)
+                    # The server's CPU over the whole client run, start-up
+                    # and the probe connection included (a few ms).
+                    sc, s0 = srv_count_start(proc.pid, srvstat), proc_cpu_s(proc.pid)
+                    res = (run_blkperf if tool == "blkperf" else run_fio)(uri, load, statfile,
+                                                                         target)
+                    res["srv_cpu_us_req"] = (proc_cpu_s(proc.pid) - s0) * 1e6 / res["requests"]
+                    for k, v in srv_count_stop(sc, srvstat).items():
+                        res[k + "_req"] = v / res["requests"]
                     if count:
                         c = perf_counts(statfile)
                         # Per request, counting the whole process: start-up
@@ -135,18 +187,23 @@ for r in range(rounds):
                 "MiB/s" if m == "mib_s" else "IOPS", cell["blkperf"][m] / cell["fio"][m], load1),
                 file=sys.stderr)
             results.append(cell)
-if os.path.exists(statfile):
-    os.unlink(statfile)
+for f in (statfile, srvstat):
+    if os.path.exists(f):
+        os.unlink(f)
 
 stamp = time.strftime("%Y%m%dT%H%M%S")
 with open(os.path.join(env["OUT"], "blkperf-vs-fio-%s.json" % stamp), "w") as f:
-    json.dump({"rounds": rounds, "length_s": length, "count": count, "results": results}, f,
+    json.dump({"rounds": rounds, "length_s": length, "count": count,
+               "blkperf_args": env["BLKPERF_ARGS"], "results": results}, f,
               indent=1)
 
 med = statistics.median
-hdr = "| target | load | fio | blkperf | blkperf/fio median | min..max | fio CPU us/req | blkperf CPU us/req |"
+hdr = ("| target | load | fio | blkperf | blkperf/fio median | min..max | fio CPU us/req"
+       " | blkperf CPU us/req | server CPU us/req under fio | under blkperf |")
 if count:
-    hdr += " fio syscalls/req | blkperf syscalls/req | fio cswitch/req | blkperf cswitch/req |"
+    hdr += (" fio syscalls/req | blkperf syscalls/req | fio cswitch/req | blkperf cswitch/req"
+            " | server cswitch/req under fio | under blkperf"
+            " | server futex/req under fio | under blkperf |")
 hdr += " load avg 1m median (min..max) |"
 print(hdr)
 print("|" + "---|" * (hdr.count("|") - 1))
@@ -162,14 +219,17 @@ for target in env["TARGETS"].split():
             return fmt % med(v) if v else "n/a"
 
         loads = [c["loadavg_1m"] for c in cells]
-        row = "| %s | %s | %s | %s | %.3f | %.3f..%.3f | %s | %s |" % (
+        row = "| %s | %s | %s | %s | %.3f | %.3f..%.3f | %s | %s | %s | %s |" % (
             target, load[0], mv("fio", m, "%.0f") + unit, mv("blkperf", m, "%.0f") + unit,
             med(ratios), min(ratios), max(ratios),
-            mv("fio", "cpu_us_req", "%.1f"), mv("blkperf", "cpu_us_req", "%.1f"))
+            mv("fio", "cpu_us_req", "%.1f"), mv("blkperf", "cpu_us_req", "%.1f"),
+            mv("fio", "srv_cpu_us_req", "%.1f"), mv("blkperf", "srv_cpu_us_req", "%.1f"))
         if count:
-            row += " %s | %s | %s | %s |" % (
+            row += " %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 mv("fio", "syscalls_req", "%.2f"), mv("blkperf", "syscalls_req", "%.2f"),
-                mv("fio", "cswitch_req", "%.2f"), mv("blkperf", "cswitch_req", "%.2f"))
+                mv("fio", "cswitch_req", "%.2f"), mv("blkperf", "cswitch_req", "%.2f"),
+                mv("fio", "srv_cswitch_req", "%.2f"), mv("blkperf", "srv_cswitch_req", "%.2f"),
+                mv("fio", "srv_futex_req", "%.2f"), mv("blkperf", "srv_futex_req", "%.2f"))
         row += " %.1f (%.1f..%.1f) |" % (med(loads), min(loads), max(loads))
         print(row)
 EOF

@@ -64,6 +64,7 @@ struct bp_opts {
   bool prefill;                  /* --prefill (always on for SEQ_REWRITE) */
   bool quiet;                    /* no progress line */
   bool io_libnbd;                /* --io=libnbd: libnbd's aio loop, not wire.c */
+  int wake_replies;              /* --wake-replies; -1: the default (bp_wake_replies) */
   const char *plot;              /* --plot FILE.svg */
   const char *label[2];          /* --label: A's and B's names on the chart */
   /* TLS, applied to every handle before nbd_connect_uri. */
@@ -74,6 +75,11 @@ struct bp_opts {
 /* Parses argv into *o (defaults filled in per test); prints usage and
  * exits 2 on a usage error, exits 0 after --help. */
 void bp_opts_parse (struct bp_opts *o, int argc, char **argv);
+/* How many whole replies the wire loop lets queue before TCP wakes it
+ * (wire.c, bp_wire_wake): --wake-replies, else 1 for read-only tests with
+ * blocks of 64 KiB or more, else 0 (woken by every arrival).  0 for tests
+ * that write, whose replies do not all have one size. */
+unsigned bp_wake_replies (const struct bp_opts *o);
 
 /* ---- latency histogram (hist.c) --------------------------------------- */
 
@@ -307,6 +313,12 @@ struct bp_wire {
   char *dst;
   size_t left;
   bool last;                       /* the payload ends its reply */
+  /* Wake-up threshold for uniform reads (wire.c, bp_wire_wake). */
+  size_t wake_reply;               /* one whole reply on the wire; 0: never */
+  size_t wake_bytes;               /* the threshold: wake_k whole replies */
+  unsigned wake_run;               /* whole replies in a row, before arming */
+  unsigned wake_looks;             /* times arming was considered */
+  bool wake_on, wake_off;          /* armed now; disarmed for good */
   char err[160];
 };
 
@@ -314,9 +326,15 @@ typedef void bp_wire_done_fn (void *opaque, uint32_t slot, int error);
 
 /* Takes over a connected socket (libnbd's, negotiated and idle): makes it
  * blocking with a 200 ms receive timeout.  big_reads: reads of at least
- * 64 KiB are coming, receive their headers alone.  -1 with errno on failure. */
+ * 64 KiB are coming, receive their headers alone.  wake_len: every request
+ * is a read of this many bytes (0: not so), so each reply has one size and
+ * the socket may wake us once wake_k whole replies are queued (0: never).
+ * -1 with errno on failure. */
 int bp_wire_init (struct bp_wire *w, int fd, bool structured, unsigned depth,
-                  bool big_reads);
+                  bool big_reads, uint32_t wake_len, unsigned wake_k);
+/* No more requests will be issued: drops the wake-up threshold, so the
+ * last replies (fewer than it may be) wake us as they come. */
+void bp_wire_wake_stop (struct bp_wire *w);
 /* Restores the socket's flags and frees the buffers. */
 void bp_wire_free (struct bp_wire *w);
 /* Queues a request under handle SLOT (< depth, not in flight). */

@@ -61,6 +61,16 @@ bp_test_primary_is_iops (enum bp_test t)
   return !(t == BP_STREAM_READ || t == BP_STREAM_WRITE || t == BP_SEQ_REWRITE);
 }
 
+unsigned
+bp_wake_replies (const struct bp_opts *o)
+{
+  if (!bp_test_reads (o->test) || bp_test_writes (o->test))
+    return 0;
+  if (o->wake_replies >= 0)
+    return (unsigned) o->wake_replies;
+  return o->bs >= (64u << 10) ? 1 : 0;
+}
+
 static void
 vwarn (const char *fmt, va_list ap)
 {
@@ -149,6 +159,9 @@ bp_usage (FILE *f)
 "  --io ENGINE        wire (default): blkperf's own batched request loop on\n"
 "                     the connection libnbd negotiated; libnbd: libnbd's aio\n"
 "                     calls, one per request (TLS always runs on libnbd)\n"
+"  --wake-replies N   wire loop, read-only tests: sleep until N whole replies\n"
+"                     are queued (0: wake on every arrival; default 1 for\n"
+"                     blocks of 64 KiB or more, else 0); at most -q\n"
 "\n"
 "TLS (also in the URI; any of these turns nbd:// into nbds://):\n"
 "  --tls-certificates DIR   --tls-psk FILE   --tls-username NAME\n"
@@ -161,6 +174,7 @@ enum {
   BP_OPT_JSON = 256, BP_OPT_SPAN, BP_OPT_OFFSET, BP_OPT_RWMIX, BP_OPT_QUIET,
   BP_OPT_TLS_CERTS, BP_OPT_TLS_PSK, BP_OPT_TLS_USER, BP_OPT_TLS_VERIFY,
   BP_OPT_TLS_NOVERIFY, BP_OPT_PREFILL, BP_OPT_IO, BP_OPT_PLOT, BP_OPT_LABEL,
+  BP_OPT_WAKE,
 };
 
 static const struct option bp_long_opts[] = {
@@ -183,6 +197,7 @@ static const struct option bp_long_opts[] = {
   { "quiet", no_argument, NULL, BP_OPT_QUIET },
   { "prefill", no_argument, NULL, BP_OPT_PREFILL },
   { "io", required_argument, NULL, BP_OPT_IO },
+  { "wake-replies", required_argument, NULL, BP_OPT_WAKE },
   { "plot", required_argument, NULL, BP_OPT_PLOT },
   { "label", required_argument, NULL, BP_OPT_LABEL },
   { "tls-certificates", required_argument, NULL, BP_OPT_TLS_CERTS },
@@ -264,6 +279,7 @@ bp_opts_parse (struct bp_opts *o, int argc, char **argv)
   o->duration_s = 10;
   o->seed = 1;
   o->read_pct = 60;
+  o->wake_replies = -1;
   bool have_b = false, have_q = false, have_i = false, have_I = false,
        have_l = false, have_n = false;
   int nmetrics = 0, nlabels = 0;
@@ -350,6 +366,9 @@ bp_opts_parse (struct bp_opts *o, int argc, char **argv)
         bp_usage_error ("--io: expected wire or libnbd, got %s", optarg);
       break;
     case BP_OPT_PLOT: o->plot = optarg; break;
+    case BP_OPT_WAKE:
+      o->wake_replies = (int) bp_parse_count ("--wake-replies", optarg, 0, 4096);
+      break;
     case BP_OPT_LABEL:
       if (nlabels >= 2)
         bp_usage_error ("--label: at most two (A's, then B's)");
@@ -441,6 +460,9 @@ bp_opts_parse (struct bp_opts *o, int argc, char **argv)
     o->conns = 1;
   if (o->test == BP_SEQ_REWRITE)
     o->prefill = true;           /* a rewrite needs something to rewrite */
+  if (o->wake_replies > (int) o->depth)
+    bp_usage_error ("--wake-replies %d: more than the %u requests in flight (-q); "
+                    "the replies could never all be queued", o->wake_replies, o->depth);
   if ((uint64_t) o->depth * o->bs > (1ull << 30))
     bp_usage_error ("-q x -b is %llu bytes of buffers per connection; keep it "
                     "under 1 GiB", (unsigned long long) o->depth * o->bs);

@@ -422,6 +422,8 @@ bp_json_run (FILE *f, const struct bp_opts *o, const struct bp_result *r)
     fprintf (f, ", \"read_pct\": %u", o->read_pct);
   fprintf (f, ", \"prefill\": %s", o->prefill ? "true" : "false");
   fprintf (f, ", \"io\": \"%s\"", r->wire ? "wire" : "libnbd");
+  if (r->wire)
+    fprintf (f, ", \"wake_replies\": %u", bp_wake_replies (o));
   fputs (", \"mode\": ", f);
   bp_jstr (f, o->nrequests ? "requests" : "time");
   const char *sep = ", ";

@@ -41,6 +41,11 @@
 #define BP_WIRE_DIRECT (64u << 10)
 /* An error chunk's message is at most 4096 bytes by the protocol. */
 #define BP_WIRE_MAX_ERR_CHUNK (4096u + 64u)
+/* Receive timeouts: the usual one bounds how late ^C or a stalled server
+ * is noticed; the shorter one applies while the wake-up threshold is armed
+ * and bounds the one stall a short reply can cause (bp_wire_wake). */
+#define BP_WIRE_RCVTIMEO_US 200000
+#define BP_WIRE_WAKE_RCVTIMEO_US 50000
 
 static inline void
 bp_put16 (uint8_t *p, uint16_t v) { p[0] = v >> 8; p[1] = (uint8_t) v; }
@@ -63,14 +68,92 @@ bp_wire_fail (struct bp_wire *w, const char *fmt, const char *detail)
   return -1;
 }
 
+static int
+bp_wire_set_rcvtimeo (int fd, long us)
+{
+  struct timeval tv = { .tv_sec = us / 1000000, .tv_usec = us % 1000000 };
+  return setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+/* The wake-up threshold (by default one whole reply, for reads of 64 KiB
+ * and more; --wake-replies sets how many).  Without it, a thread asleep in
+ * recv() is woken
+ * by every segment that arrives: over loopback a 256 KiB reply comes as
+ * four 64 KiB segments, so four wake-ups, each a context switch here and a
+ * wake-up call (and, on a VM, often an IPI to an idle vCPU) in the server
+ * thread that is sending, usually while it holds its connection's send
+ * lock.  With SO_RCVLOWAT at one whole reply, TCP wakes us once the whole
+ * reply is queued, and the header and payload recv() calls then find it
+ * all there; at several, one wake-up serves several replies (and the
+ * refills go out together, a burst the server has to take apart).  It is armed only when every reply has that one size (the
+ * caller says all requests are reads of wake_len bytes) and only after
+ * a run of whole replies, so a server that answers with holes or errors
+ * (shorter on the wire) never arms it; one that starts doing so later
+ * disarms it at the first short reply, after at most one stall bounded
+ * by the shorter receive timeout.  Failure to set it is not fatal: the
+ * loop is correct without it, only slower. */
+static void
+bp_wire_wake (struct bp_wire *w, bool on)
+{
+  int lowat = on ? (int) w->wake_bytes : 1;
+  if (setsockopt (w->fd, SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof lowat) == -1
+      || bp_wire_set_rcvtimeo (w->fd, on ? BP_WIRE_WAKE_RCVTIMEO_US : BP_WIRE_RCVTIMEO_US) == -1)
+    w->wake_off = true;
+  w->wake_on = on && !w->wake_off;
+}
+
+/* Called for every reply (or chunk) parsed: whole = it was one complete
+ * read reply of the expected size. */
+static inline void
+bp_wire_wake_note (struct bp_wire *w, bool whole)
+{
+  if (w->wake_reply == 0 || w->wake_off)
+    return;
+  if (!whole) {
+    w->wake_off = true;
+    if (w->wake_on)
+      bp_wire_wake (w, false);
+    return;
+  }
+  /* A queue's worth of whole replies first, and preferably a receive
+   * buffer that autotuning has grown to two replies or more: on a smaller
+   * one SO_RCVLOWAT grows the buffer itself and sets the window clamp to
+   * one reply, until autotuning raises both again.  Not yet: look again
+   * after another queue's worth; on the fourth look arm all the same (a
+   * buffer that has not grown by then belongs to a connection too slow
+   * for one reply's window to limit it). */
+  if (w->wake_on || ++w->wake_run < (w->depth > 4 ? w->depth : 4))
+    return;
+  int rcvbuf;
+  socklen_t sl = sizeof rcvbuf;
+  w->wake_run = 0;
+  if (++w->wake_looks >= 4
+      || (getsockopt (w->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &sl) == 0
+          && rcvbuf >= 0 && (size_t) rcvbuf >= 2 * w->wake_bytes))
+    bp_wire_wake (w, true);
+}
+
+void
+bp_wire_wake_stop (struct bp_wire *w)
+{
+  if (w->wake_on)
+    bp_wire_wake (w, false);
+  w->wake_off = true;
+}
+
 int
-bp_wire_init (struct bp_wire *w, int fd, bool structured, unsigned depth, bool big_reads)
+bp_wire_init (struct bp_wire *w, int fd, bool structured, unsigned depth, bool big_reads,
+              uint32_t wake_len, unsigned wake_k)
 {
   memset (w, 0, sizeof *w);
   w->fd = fd;
   w->structured = structured;
   w->big_reads = big_reads;
   w->depth = depth;
+  if (wake_len && wake_k) {
+    w->wake_reply = (structured ? 28u : 16u) + (size_t) wake_len;
+    w->wake_bytes = wake_k * w->wake_reply;
+  }
   w->req = calloc (depth, sizeof *w->req);
   w->iov = calloc (2 * (size_t) depth + 1, sizeof *w->iov);
   w->rx = malloc (BP_WIRE_RXBUF);
@@ -80,12 +163,11 @@ bp_wire_init (struct bp_wire *w, int fd, bool structured, unsigned depth, bool b
    * rather than poll() followed by recv(); the timeout bounds how late a
    * ^C or a stalled server is noticed.  Sends use MSG_DONTWAIT. */
   int fl = fcntl (fd, F_GETFL);
-  struct timeval tv = { .tv_sec = 0, .tv_usec = 200000 };
   if (fl == -1 || fcntl (fd, F_SETFL, fl & ~O_NONBLOCK) == -1)
     goto fail;
   w->saved_flags = fl;
   w->flags_changed = true;       /* from here on, bp_wire_free restores them */
-  if (setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == -1)
+  if (bp_wire_set_rcvtimeo (fd, BP_WIRE_RCVTIMEO_US) == -1)
     goto fail;
   return 0;
 
@@ -102,8 +184,11 @@ void
 bp_wire_free (struct bp_wire *w)
 {
   if (w->fd >= 0 && w->flags_changed) {
-    struct timeval tv = { 0, 0 };
-    setsockopt (w->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (w->wake_reply) {         /* armed, or half-armed by a failed call */
+      int one = 1;
+      setsockopt (w->fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
+    }
+    bp_wire_set_rcvtimeo (w->fd, 0);
     fcntl (w->fd, F_SETFL, w->saved_flags);
   }
   free (w->req);
@@ -221,6 +306,8 @@ bp_wire_header (struct bp_wire *w, bp_wire_done_fn *done, void *opaque)
     struct bp_wire_req *r = &w->req[h];
     w->rx_head += 16;
     r->error = err ? (int) err : 0;
+    bp_wire_wake_note (w, r->op == BP_OP_READ && err == 0 && !w->structured
+                       && 16u + (size_t) r->len == w->wake_reply);
     /* A successful simple reply to a read carries the whole data, and
      * structured replies forbid a simple reply to a read (it could not
      * say where its data ends). */
@@ -257,6 +344,7 @@ bp_wire_header (struct bp_wire *w, bp_wire_done_fn *done, void *opaque)
     if (avail < 20 + (size_t) len)
       return 0;
     uint32_t err = bp_get32 (p + 20);
+    bp_wire_wake_note (w, false);
     if (!r->error)
       r->error = err ? (int) err : EIO;
     w->rx_head += 20 + len;
@@ -264,6 +352,7 @@ bp_wire_header (struct bp_wire *w, bp_wire_done_fn *done, void *opaque)
   else if (type == NBD_REPLY_TYPE_NONE) {
     if (len != 0 || !last)
       return bp_wire_fail (w, "protocol error: %s", "bad NONE chunk");
+    bp_wire_wake_note (w, false);
     w->rx_head += 20;
   }
   else if (type == NBD_REPLY_TYPE_OFFSET_DATA || type == NBD_REPLY_TYPE_OFFSET_HOLE) {
@@ -277,6 +366,8 @@ bp_wire_header (struct bp_wire *w, bp_wire_done_fn *done, void *opaque)
     if (off < r->off || off - r->off > r->len || n > r->len - (off - r->off))
       return bp_wire_fail (w, "protocol error: %s", "data chunk outside the request");
     w->rx_head += 20 + (hole ? 12 : 8);
+    bp_wire_wake_note (w, !hole && last && off == r->off && n == r->len
+                       && 28u + (size_t) n == w->wake_reply);
     if (hole)
       memset (r->buf + (off - r->off), 0, n);
     else {

@@ -481,6 +481,8 @@ bp_conn_loop_wire (struct bp_conn *c)
       if (s->counted && --c->quota == 0)
         break;
     }
+    if (stop || (c->count_mode && c->quota == 0))
+      bp_wire_wake_stop (w);   /* cheap when unarmed; fewer replies are left */
     if (bp_wire_flush (w) == -1)
       break;
     if (c->inflight == 0) {
@@ -512,8 +514,10 @@ bp_conn_run (struct bp_conn *c)
   }
   int fd = nbd_aio_get_fd (c->h);
   int sr = nbd_get_structured_replies_negotiated (c->h);
-  if (fd < 0 || sr < 0 || bp_wire_init (&c->wire, fd, sr == 1, c->depth,
-                                                  c->bs >= 65536 && bp_test_reads (c->test)) == -1) {
+  bool big = c->bs >= 65536 && bp_test_reads (c->test);
+  unsigned wake_k = c->test == c->o->test ? bp_wake_replies (c->o) : 0;
+  if (fd < 0 || sr < 0 || bp_wire_init (&c->wire, fd, sr == 1, c->depth, big,
+                                        (uint32_t) c->bs, wake_k) == -1) {
     snprintf (c->err, sizeof c->err, "taking over the connection: %s",
               fd < 0 || sr < 0 ? nbd_get_error () : strerror (errno));
     c->failed = true;
