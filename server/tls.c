@@ -1330,6 +1330,12 @@ tls_free (struct conn *c)
   /* close_notify, best effort: never wait for the socket. */
   if (t->up && c->fd >= 0) {
     ERR_clear_error ();
+    /* Our own KeyUpdate may still be due (ossl_rekey_policy: OpenSSL
+     * writes it ahead of the next record, and none came); OpenSSL is "in
+     * init" until then and SSL_shutdown would refuse to send close_notify.
+     * Write it now, then the alert follows under the new key. */
+    if (SSL_in_init (t->ssl))
+      SSL_do_handshake (t->ssl);
     SSL_shutdown (t->ssl);          /* the alert lands in out (unless kTLS) */
     if (t->out && !t->rec_broken)
       out_drain (c, t);

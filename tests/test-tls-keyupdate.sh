@@ -65,6 +65,21 @@ for seal in blkd openssl; do
   ok "OpenSSL followed $received key updates the server started ($seal)"
   stop_server
 done
+for seal in blkd openssl; do
+  # A key update after every record: the last reply's record leaves one
+  # due.  The client then waits without disconnecting; the server ends the
+  # session (--idle-timeout) and its close_notify must still come, after
+  # that KeyUpdate, under the new key.
+  echo "# the server closes with its own key update due (--tls-seal=$seal)"
+  : >"$TMP/server.log"
+  BLKD_TLS_REKEY_RECORDS=1 start_server -v --idle-timeout=1 --tls=require \
+    --tls-certificates="$T/server" --tls-seal=$seal memory 8M
+  out=$(TLS_KU_NO_DISC=1 TLS_KU_CAPTURE="$TMP/close-$seal" timeout 120 \
+          "$KU" "$PORT" "$T/client-ca/ca-cert.pem" 2 0 2>&1) \
+    || fail "session closed by the server with a key update due ($seal): $out"
+  ok "close_notify after the server's last key update ($seal)"
+  stop_server
+done
 # GnuTLS accepts at most 8 KeyUpdates per second per session; 256 records
 # per key keeps a 16 MiB copy under that on any one connection.
 BLKD_TLS_REKEY_RECORDS=256 start_server -v --tls=require --tls-certificates="$T/server" \

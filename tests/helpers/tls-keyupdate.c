@@ -28,7 +28,10 @@
  * connect, so the window stays small); TLS_KU_PAUSE_MS=N sleeps N ms after
  * each MiB read.  A last 4 KiB READ follows, so every KeyUpdate the
  * server owes arrives before the end.  Rounds printed are the rounds plus
- * the READs of this phase. */
+ * the READs of this phase.
+ *
+ * TLS_KU_NO_DISC=1: the client does not disconnect but waits for the
+ * server to close (with TLS_KU_CAPTURE it must send close_notify). */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <netinet/in.h>
@@ -376,7 +379,11 @@ main (int argc, char **argv)
       die ("TLS_KU_BIG must be a multiple of 4 (MiB)");
     rounds += big_run (ssl, mib, every, pause ? atoi (pause) : 0, &updates_sent);
   }
-  request (ssl, 2 /* DISC */, 0, 0, 0);
+  /* TLS_KU_NO_DISC: no NBD_CMD_DISC; the server ends the session (its
+   * --idle-timeout, a stop), and with TLS_KU_CAPTURE must still send its
+   * close_notify. */
+  if (!getenv ("TLS_KU_NO_DISC"))
+    request (ssl, 2 /* DISC */, 0, 0, 0);
   if (cap) {
     /* The server closes with close_notify: an alert OpenSSL writes after
      * the hand-over, which blkd must seal in sequence. */
