@@ -220,9 +220,13 @@ send_file_part (struct conn *c, struct request *r)
      * The header promised send_len more bytes; the plugin's pread reads
      * past the end of the file as zeros, so the rest goes out as zeros:
      * the same bytes the copying path gives, and the connection and its
-     * other requests go on.  Never the pool's bytes: nothing is copied. */
-    log_warn ("sendfile: file ended %u bytes short of a READ reply; sending zeros for them",
-              r->send_len);
+     * other requests go on.  Never the pool's bytes: nothing is copied.
+     * Said once per connection: a truncated file would otherwise log a
+     * line for every READ past its new end. */
+    if (!c->sendfile_short_logged)
+      log_warn ("sendfile: file ended %u bytes short of a READ reply; sending zeros for "
+                "them (said once per connection)", r->send_len);
+    c->sendfile_short_logged = true;
     r->send_fd = -1;
     return 2;
   }

@@ -369,6 +369,7 @@ struct conn {
   size_t buf_bytes;               /* pool bytes held by this connection */
   struct conn *flush_next;        /* shard's list of conns with new replies */
   bool flush_pending;
+  bool sendfile_short_logged;     /* conn.c: "file ended short" said once */
   struct conn *wait_next;         /* shard's list of conns waiting for buffers */
   struct backend_conn pc;        /* this connection's handle on the layer stack */
   struct conn_stats *mstats;      /* /stats record (delayacct.c); NULL: none */
