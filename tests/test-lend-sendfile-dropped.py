@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
 from blkdtest import *  # noqa: E402,F401,F403
-from lendtest import MiB, read_requests, wait_metric  # noqa: E402
+from lendtest import MiB, read_requests, wait_metric, need_cachestat  # noqa: E402
 import lendtest  # noqa: E402
 
 nbd = need_nbd()
@@ -25,6 +25,7 @@ with open(path, "wb") as f:
     f.write(os.urandom(SIZE))
 with open(path, "rb") as f:
     f.read()
+need_cachestat(path)
 srv = Server(["rawio", "file=" + path], opts=["--metrics", "127.0.0.1:0"])
 mport = srv.metrics_port
 

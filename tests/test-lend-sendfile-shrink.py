@@ -6,12 +6,13 @@
 # get the same from a sendfile reply: the file's bytes up to the new end,
 # then zeros, never stale pool bytes, and the connection must go on (a
 # closed connection would fail every other request in flight on it).
+# The warning about it is logged once per connection, not per reply.
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
 from blkdtest import *  # noqa: E402,F401,F403
-from lendtest import MiB, metrics, read_data, read_requests, wait_metric  # noqa: E402
+from lendtest import MiB, metrics, read_data, read_requests, wait_metric, need_cachestat  # noqa: E402
 
 nbd = need_nbd()
 if IS_NBDKIT:
@@ -23,6 +24,7 @@ path = os.path.join(TMP, "disk.img")
 golden = os.urandom(SIZE)
 with open(path, "wb") as f:
     f.write(golden)
+need_cachestat(path)
 srv = Server(["rawio", "file=" + path], opts=["--metrics", "127.0.0.1:0"])
 mport = srv.metrics_port
 
@@ -73,6 +75,11 @@ for structured in (False, True):
     c.disconnect()
 
 wait_metric(mport, lambda m: m["blkd_requests_in_flight"] == 0, "nothing in flight")
+# Many replies ran out of file on each connection; the warning is said
+# once per connection, not once per reply.
+with open(srv.log_path, "rb") as f:
+    warned = f.read().count(b"file ended")
+check_eq(warned, 2, "the short-file warning is logged once per connection (2 connections)")
 srv.check_alive()
 srv.stop()
 print("sendfile shrink checks passed")

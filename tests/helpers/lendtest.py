@@ -1,11 +1,14 @@
 """Helpers for tests/test-lend-*.py: blkd's lending counters on /metrics,
 and raw clients that leave replies unread."""
 
+import ctypes
+import errno
+import os
 import struct
 import time
 import urllib.request
 
-from blkdtest import (RawClient, fail, read_via_chunks, recv_exact, NBD_CMD_READ,
+from blkdtest import (RawClient, fail, read_via_chunks, recv_exact, skip, NBD_CMD_READ,
                       NBD_SIMPLE_REPLY_MAGIC)
 
 MiB = 1024 * 1024
@@ -38,6 +41,24 @@ def wait_metric(port, cond, what, secs=60):
                 what, secs, {k: v for k, v in m.items()
                              if "lend" in k or "placed" in k or "flight" in k}))
         time.sleep(0.05)
+
+
+def need_cachestat(path):
+    """rawio sends with sendfile only ranges cachestat(2) says are in the
+    page cache; before Linux 6.5 there is no cachestat, rawio copies, and a
+    test of its sendfile replies has nothing to check: skip it."""
+    class Range(ctypes.Structure):
+        _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    cs = (ctypes.c_uint64 * 5)()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        r = libc.syscall(ctypes.c_long(451), fd, ctypes.byref(Range(0, 4096)), cs, 0)
+    finally:
+        os.close(fd)
+    if r == -1 and ctypes.get_errno() == errno.ENOSYS:
+        skip("no cachestat(2) (Linux < 6.5): rawio copies instead of using sendfile")
 
 
 def read_requests(c, ranges, first_cookie=1):
