@@ -7,7 +7,6 @@
 # sendfile (the kernel cannot seal) yet read the same bytes.
 import os
 import random
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
@@ -18,9 +17,7 @@ nbd = need_nbd()
 if IS_NBDKIT:
     skip("lending is blkd's extension")
 
-T = os.path.join(TMP, "tls")
-subprocess.run(["bash", "-c", '. "$1/tests/lib.sh"; . "$1/tests/helpers/tls.sh"; '
-                'make_tls_material "$2"', "_", TOP, T], check=True)
+T = tls_material()
 PSK = os.path.join(T, "keys.psk")
 
 

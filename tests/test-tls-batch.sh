@@ -20,11 +20,7 @@ need_server
 need openssl
 need nbdcopy
 server_is_nbdkit && skip "blkd's TLS send path"
-KU=$TOP/tests/helpers/tls-keyupdate
-[ -x "$KU" ] || fail "no $KU (make check builds it)"
-
-T=$TMP/tls
-make_tls_material "$T"
+need_ku_client
 CA=$T/client-ca/ca-cert.pem
 XURI() { echo "nbds://127.0.0.1:$PORT/?tls-certificates=$T/client-ca"; }
 fail_log() { tail -n 20 "$TMP/server.log" >&2; fail "$@"; }

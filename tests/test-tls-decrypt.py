@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # The records blkd sends, decrypted by a TLS 1.3 key schedule of our own
-# (RFC 8446 7.1-7.3, HKDF from hmac, AEAD from python3-cryptography), not
-# by a TLS library: tests/helpers/tls-keyupdate (an OpenSSL client) records
+# (tests/helpers/tls13.py: HKDF from hmac, AEAD from python3-cryptography),
+# not by a TLS library: tests/helpers/tls-keyupdate (an OpenSSL client) records
 # every byte it reads from the socket, its key log and the plaintext OpenSSL
 # gave it; here the raw bytes are decrypted record by record, in sequence,
 # and must give exactly that plaintext (NBD replies carrying known data).
@@ -15,8 +15,6 @@
 # sequence too.  Last, a session where OpenSSL sends a ticket after the
 # key log (BLKD_TLS_TEST_TICKETS): the hand-over guard must leave that
 # session to OpenSSL, and every record must still decrypt.
-import hashlib
-import hmac
 import os
 import struct
 import subprocess
@@ -26,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "hel
 from blkdtest import *  # noqa: E402,F401,F403
 
 try:
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+    from tls13 import SUITES, HS_FINISHED, HS_KEY_UPDATE, HS_NEW_SESSION_TICKET, Direction, read_keylog
 except ImportError:
     skip("python3-cryptography is not installed (make deps)")
 
@@ -37,66 +35,8 @@ KU = os.path.join(TOP, "tests", "helpers", "tls-keyupdate")
 if not os.access(KU, os.X_OK):
     fail("no %s (make check builds it)" % KU)
 
-T = os.path.join(TMP, "tls")
-subprocess.run(["bash", "-c", '. "$1/tests/lib.sh"; . "$1/tests/helpers/tls.sh"; '
-                'make_tls_material "$2"', "_", TOP, T], check=True)
+T = tls_material()
 CA = os.path.join(T, "client-ca", "ca-cert.pem")
-
-# suite: (OpenSSL name, hash, key length, AEAD)
-SUITES = {
-    0x1301: ("TLS_AES_128_GCM_SHA256", hashlib.sha256, 16, AESGCM),
-    0x1302: ("TLS_AES_256_GCM_SHA384", hashlib.sha384, 32, AESGCM),
-    0x1303: ("TLS_CHACHA20_POLY1305_SHA256", hashlib.sha256, 32, ChaCha20Poly1305),
-}
-HS_FINISHED, HS_KEY_UPDATE, HS_NEW_SESSION_TICKET = 20, 24, 4
-
-
-def expand_label(hashmod, secret, label, length):
-    """HKDF-Expand-Label(secret, label, "", length), RFC 8446 7.1."""
-    full = b"tls13 " + label
-    info = struct.pack(">HB", length, len(full)) + full + b"\x00"
-    out, block, i = b"", b"", 1
-    while len(out) < length:
-        block = hmac.new(secret, block + info + bytes([i]), hashmod).digest()
-        out += block
-        i += 1
-    return out[:length]
-
-
-class Direction:
-    """The server's sending direction: traffic secret, key, IV, sequence."""
-
-    def __init__(self, suite, secret):
-        self.name, self.hash, self.keylen, self.aead = SUITES[suite]
-        self.set(secret)
-
-    def set(self, secret):
-        self.secret = secret
-        self.cipher = self.aead(expand_label(self.hash, secret, b"key", self.keylen))
-        self.iv = expand_label(self.hash, secret, b"iv", 12)
-        self.seq = 0
-
-    def next(self):
-        self.set(expand_label(self.hash, self.secret, b"traffic upd",
-                              self.hash().digest_size))
-
-    def open(self, header, body):
-        nonce = bytes(a ^ b for a, b in zip(self.iv, self.seq.to_bytes(12, "big")))
-        inner = self.cipher.decrypt(nonce, body, header)   # raises on a bad tag
-        self.seq += 1
-        inner = inner.rstrip(b"\x00")
-        if not inner:
-            raise ValueError("record with no content type")
-        return inner[-1], inner[:-1]
-
-
-def read_keylog(path):
-    secrets = {}
-    with open(path) as f:
-        for line in f:
-            label, _, secret = line.split()
-            secrets[label] = bytes.fromhex(secret)
-    return secrets
 
 
 def decrypt_session(prefix, mfl=None):

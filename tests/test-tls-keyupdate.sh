@@ -16,11 +16,7 @@ need openssl
 need nbdcopy
 need nbdinfo
 server_is_nbdkit && skip "blkd's record sealing"
-KU=$TOP/tests/helpers/tls-keyupdate
-[ -x "$KU" ] || fail "no $KU (make check builds it)"
-
-T=$TMP/tls
-make_tls_material "$T"
+need_ku_client
 XURI() { echo "nbds://127.0.0.1:$PORT/?tls-certificates=$T/client-ca"; }
 
 for seal in blkd openssl; do

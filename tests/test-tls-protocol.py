@@ -19,7 +19,6 @@ import os
 import socket
 import ssl
 import struct
-import subprocess
 import sys
 import time
 
@@ -32,9 +31,7 @@ SIZE = 64 * 1024 * 1024
 if IS_NBDKIT:
     skip("TLS tests run against blkd only (their log lines are blkd's)")
 need_server()
-T = os.path.join(TMP, "tls")
-subprocess.run(["bash", "-c", '. "$1/tests/lib.sh"; . "$1/tests/helpers/tls.sh"; '
-                'make_tls_material "$2"', "_", TOP, T], check=True)
+T = tls_material()
 ok("certificates made")
 
 

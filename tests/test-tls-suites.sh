@@ -13,11 +13,7 @@ need_server
 need openssl
 need nbdinfo
 server_is_nbdkit && skip "blkd's suite order"
-KU=$TOP/tests/helpers/tls-keyupdate
-[ -x "$KU" ] || fail "no $KU (make check builds it)"
-
-T=$TMP/tls
-make_tls_material "$T"
+need_ku_client
 start_server -v --tls=require --tls-certificates="$T/server" memory 8M
 
 # suite_for CLIENT-ORDER: the suite blkd chose for a client offering that.

@@ -130,6 +130,15 @@ def need_server():
         skip("no server binary at %s (build blkd, or set BLKD=/usr/bin/nbdkit)" % BLKD)
 
 
+def tls_material():
+    """CA, server and client certificates and PSK files in TMP/tls (the
+    shell tests' make_tls_material); returns that directory."""
+    t = os.path.join(TMP, "tls")
+    subprocess.run(["bash", "-c", '. "$1/tests/lib.sh"; . "$1/tests/helpers/tls.sh"; '
+                    'make_tls_material "$2"', "_", TOP, t], check=True)
+    return t
+
+
 def need_nbd():
     """Import and return the libnbd python module, or skip."""
     try:

@@ -82,3 +82,12 @@ CNF
     [ -s "$d/$f" ] || fail "could not make $d/$f"
   done
 }
+
+# KU: the OpenSSL test client (tests/helpers/tls-keyupdate.c), which
+# `make check` builds; T: a fresh set of TLS material.
+need_ku_client() {
+  KU=$TOP/tests/helpers/tls-keyupdate
+  [ -x "$KU" ] || fail "no $KU (make check builds it)"
+  T=$TMP/tls
+  make_tls_material "$T"
+}
