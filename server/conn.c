@@ -179,11 +179,15 @@ conn_sendv (struct conn *c, struct iovec *iov, int n, int flags)
 }
 
 /* A send that failed with errno: 1 when the socket is full (wait for
- * writability), 2 to try again (EINTR), -1 to close. */
+ * writability), 0 when TLS waits for the client's input (the read event
+ * that brings it flushes again; reading must go on), 2 to try again
+ * (EINTR), -1 to close. */
 static int
 send_failed (struct conn *c, const char *what)
 {
   if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    if (tls_send_waits_input (c))
+      return 0;
     if (!c->stall_expired)
       c->read_block |= CONN_READ_SEND_FULL;
     return 1;

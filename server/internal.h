@@ -404,6 +404,7 @@ ssize_t tls_sendv (struct conn *c, const struct iovec *iov, int n);
 int tls_flushed (struct conn *c);
 bool tls_pending (struct conn *c);  /* decrypted or buffered input left */
 bool tls_unsent (struct conn *c);   /* sealed records the socket has not taken */
+bool tls_send_waits_input (struct conn *c);  /* sending waits for the client's bytes */
 
 /* ---- handshake (handshake.c) ----------------------------------------- */
 

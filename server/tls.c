@@ -95,6 +95,8 @@ struct tls_conn {
   bool up;                        /* handshake finished */
   bool read_wants_write;          /* SSL_read needs the socket writable */
   bool write_retry;               /* SSL_write holds a record to write again */
+  bool write_wants_read;          /* SSL_write waits for the rest of a handshake
+                                   * message the client sent part of */
   uint64_t ossl_records;          /* SSL_write path: records under this key */
   uint8_t stage[TLS_RECORD];      /* small pieces gathered into one record */
 };
@@ -1636,15 +1638,12 @@ ossl_rekey_policy (struct tls_conn *t, size_t written)
  * place, and the choice between staging and writing in place depends only
  * on the bytes from that place onwards (later calls may have more queued
  * behind them, which only makes the retry longer, as OpenSSL allows). */
-ssize_t
-tls_sendv (struct conn *c, const struct iovec *iov, int n)
+static ssize_t
+ossl_sendv (struct conn *c, struct tls_conn *t, const struct iovec *iov, int n)
 {
-  struct tls_conn *t = c->tls;
   size_t total = 0, off = 0;
   int i = 0;
 
-  if (t->rec)
-    return sealed_sendv (c, t, iov, n);
   /* SSL_get_error needs an empty error queue before the call it explains;
    * a successful SSL_write leaves it empty, so once per batch is enough
    * (per record it cost about 1% of the CPU at 256 KiB). */
@@ -1701,6 +1700,7 @@ tls_sendv (struct conn *c, const struct iovec *iov, int n)
       int e = SSL_get_error (t->ssl, 0);
       if (e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ) {
         t->write_retry = true;
+        t->write_wants_read = e == SSL_ERROR_WANT_READ;
         if (total > 0)
           return total;
         errno = EAGAIN;
@@ -1732,4 +1732,35 @@ tls_sendv (struct conn *c, const struct iovec *iov, int n)
       }
     }
   }
+}
+
+/* The send path for a TLS connection.  A client may send part of a
+ * post-handshake message (a KeyUpdate split across records) and stop;
+ * OpenSSL then writes no application data until the rest arrives:
+ * SSL_write asks for input.  The socket is writable, so waiting for
+ * writability would spin: tls_send_waits_input tells conn.c to wait for
+ * input instead, and the read event that brings it ends with a flush
+ * that calls us again. */
+ssize_t
+tls_sendv (struct conn *c, const struct iovec *iov, int n)
+{
+  struct tls_conn *t = c->tls;
+  if (t->rec)
+    return sealed_sendv (c, t, iov, n);
+  bool waited = t->write_wants_read;
+  t->write_wants_read = false;
+  ssize_t r = ossl_sendv (c, t, iov, n);
+  /* SSL_write may have read the rest of that message itself, and records
+   * behind it the socket will not announce again. */
+  if (waited && !t->write_wants_read && SSL_has_pending (t->ssl)
+      && !(c->read_block & CONN_READ_PAUSED))
+    event_active (c->ev_read, EV_READ, 1);
+  return r;
+}
+
+bool
+tls_send_waits_input (struct conn *c)
+{
+  struct tls_conn *t = c->tls;
+  return t && t->write_wants_read;
 }
