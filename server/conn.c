@@ -646,6 +646,10 @@ conn_on_read (evutil_socket_t fd, short what, void *arg)
   struct shard *s = c->shard;
   log_current = &c->log;
   s->reads++;
+  if (s->last_reader != c) {        /* several clients busy: no polling (shard.c) */
+    s->last_reader = c;
+    s->reader_changes++;
+  }
   if (cfg.idle_timeout)
     c->t_active = now_ns ();       /* vDSO: no syscall */
   conn_pump (c, true);

@@ -440,6 +440,8 @@ struct shard {
   struct queue *queue;            /* this shard's work queue (split mode) */
   bool draining;
   uint64_t reads;                 /* read callbacks run: the poll window's signal */
+  const struct conn *last_reader; /* whose read callback ran last (compared only) */
+  uint64_t reader_changes;        /* times it was another connection than before */
   unsigned lowat_conns;           /* conns waiting on a payload under SO_RCVLOWAT */
   struct shard_stats *stats;      /* counters and delay accounting (delayacct.c) */
 };
