@@ -18,11 +18,15 @@
 # It prints one markdown row per cell: medians, the per-round
 # blkperf/fio ratio's median and min..max, and the median load.  Raw
 # results go to $OUT as JSON.
+# Every fresh server first gets WARM seconds (default 2) of the cell's load
+# from fio, untimed: a fresh nbdkit is slower for its first seconds, and
+# without the warm-up whichever tool went first lost 20-40% at 256k.
+# Use an even ROUNDS, so each tool goes first equally often.
 # BLKPERF_ARGS adds options to every blkperf run (e.g. "--wake-replies 4").
-#   ROUNDS=5 LEN=5 TARGETS="null memory memfill blkd" COUNT=0 bench/blkperf-vs-fio.sh [OUTDIR]
+#   ROUNDS=4 LEN=5 WARM=2 TARGETS="null memory memfill blkd" COUNT=0 bench/blkperf-vs-fio.sh [OUTDIR]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-: "${ROUNDS:=5}" "${LEN:=5}" "${TARGETS:=null memory memfill blkd}" "${COUNT:=0}"
+: "${ROUNDS:=4}" "${LEN:=5}" "${WARM:=2}" "${TARGETS:=null memory memfill blkd}" "${COUNT:=0}"
 : "${BLKD:=$top/blkd}" "${BLKPERF:=$top/blkperf}"
 OUT=${1:-$top/build/bench}
 mkdir -p "$OUT"
@@ -34,7 +38,7 @@ if [ "$COUNT" = 1 ] && ! command -v perf >/dev/null; then
   echo "COUNT=1 needs perf (Debian: linux-perf)" >&2; exit 1
 fi
 
-BLKPERF_ARGS=${BLKPERF_ARGS:-} TOP=$top ROUNDS=$ROUNDS LEN=$LEN TARGETS=$TARGETS COUNT=$COUNT BLKD=$BLKD BLKPERF=$BLKPERF OUT=$OUT \
+BLKPERF_ARGS=${BLKPERF_ARGS:-} TOP=$top ROUNDS=$ROUNDS LEN=$LEN WARM=$WARM TARGETS=$TARGETS COUNT=$COUNT BLKD=$BLKD BLKPERF=$BLKPERF OUT=$OUT \
 /usr/bin/python3 - <<'EOF'
 import json, os, statistics, subprocess, sys, tempfile, time
 
@@ -42,6 +46,7 @@ env = os.environ
 sys.path.insert(0, os.path.join(env["TOP"], "bench"))
 from anchors import free_port, wait_port  # noqa: E402
 rounds, length, count = int(env["ROUNDS"]), env["LEN"], env["COUNT"] == "1"
+warm = int(env["WARM"])
 null_so = subprocess.run(["nbdkit", "--dump-config"], capture_output=True, text=True,
                          check=True).stdout
 plugindir = [l.split("=", 1)[1] for l in null_so.splitlines() if l.startswith("plugindir=")][0]
@@ -135,12 +140,15 @@ def run_blkperf(uri, load, statfile, target):
             "cpu_us_req": cpu_s * 1e6 / d["requests"] if cpu_s is not None else None}
 
 
-def run_fio(uri, load, statfile, target):
+def run_fio(uri, load, statfile, target, seconds=None):
     _, _, rw, bs, qd, _ = load
     argv = ["fio", "--name=vs", "--ioengine=nbd", "--uri=" + uri, "--rw=" + rw, "--bs=" + bs,
             "--iodepth=" + str(qd), "--size=" + TSIZE.get(target, SIZE), "--time_based",
-            "--runtime=" + length,
+            "--runtime=" + str(seconds or length),
             "--output-format=json"]
+    if seconds:                      # the untimed warm-up
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        return None
     out = subprocess.run(perf_wrap(argv, statfile), check=True, capture_output=True,
                          text=True).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
@@ -161,6 +169,12 @@ for r in range(rounds):
             try:
                 load1 = float(open("/proc/loadavg").read().split()[0])
                 cell = {"round": r + 1, "target": target, "load": load[0], "loadavg_1m": load1}
+                # A fresh nbdkit runs its first seconds slower (the tool
+                # that went first lost 20-40% at 256k, whichever it was):
+                # warm every server with the load, untimed, so the order
+                # of the two tools does not decide the ratio.
+                if warm > 0:
+                    run_fio(uri, load, statfile, target, seconds=warm)
                 order = ["blkperf", "fio"] if r % 2 == 0 else ["fio", "blkperf"]
                 for tool in order:
                     # The server's CPU over the whole client run, start-up
@@ -193,7 +207,7 @@ for f in (statfile, srvstat):
 
 stamp = time.strftime("%Y%m%dT%H%M%S")
 with open(os.path.join(env["OUT"], "blkperf-vs-fio-%s.json" % stamp), "w") as f:
-    json.dump({"rounds": rounds, "length_s": length, "count": count,
+    json.dump({"rounds": rounds, "length_s": length, "warm_s": warm, "count": count,
                "blkperf_args": env["BLKPERF_ARGS"], "results": results}, f,
               indent=1)
 
