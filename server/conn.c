@@ -78,7 +78,8 @@ conn_new (struct shard *s, int fd, const char *peer)
   c->ev_read = event_new (s->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
   c->ev_write = event_new (s->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
   c->ev_stall = evtimer_new (s->base, conn_on_stall, c);
-  if (!c->ev_read || !c->ev_write || !c->ev_stall)
+  c->ev_input = event_new (s->base, fd, EV_READ, conn_on_write, c);
+  if (!c->ev_read || !c->ev_write || !c->ev_stall || !c->ev_input)
     goto fail;
   backend_conn_init (&c->pc, fd);
 
@@ -97,6 +98,8 @@ fail:
     event_free (c->ev_write);
   if (c->ev_stall)
     event_free (c->ev_stall);
+  if (c->ev_input)
+    event_free (c->ev_input);
   free (c->rbuf);
   free (c);
   return NULL;
@@ -298,6 +301,13 @@ send_pending (struct conn *c)
       int r = send_failed (c, "send");
       if (r == 2)
         continue;
+      if (r == 0) {
+        /* TLS waits for the client's input: records sealed before that
+         * still go out (the client may wait for them to send the rest). */
+        r = tls_flushed (c);
+        if (r == 1 && !c->stall_expired)
+          c->read_block |= CONN_READ_SEND_FULL;
+      }
       return r;
     }
 
@@ -365,6 +375,14 @@ conn_flush (struct conn *c)
       c->stall_expired = false;
       event_del (c->ev_stall);
     }
+    /* TLS waits for the client's input to send, and reading is paused
+     * (requests in flight at the limit, a pool wait, closing): nothing
+     * would read the rest of the message.  Flush once the socket is
+     * readable; SSL_write reads it itself. */
+    if (r == 0 && tls_send_waits_input (c) && (c->read_block & CONN_READ_PAUSED))
+      event_add (c->ev_input, NULL);
+    else
+      event_del (c->ev_input);
   }
   if (conn_maybe_free (c))
     return;
@@ -723,13 +741,20 @@ drop_unstarted (struct conn *c)
   }
 }
 
+static void
+conn_events_off (struct conn *c)
+{
+  event_del (c->ev_read);
+  event_del (c->ev_write);
+  event_del (c->ev_stall);
+  event_del (c->ev_input);
+}
+
 void
 conn_close_now (struct conn *c)
 {
   if (c->fd >= 0) {
-    event_del (c->ev_read);
-    event_del (c->ev_write);
-    event_del (c->ev_stall);
+    conn_events_off (c);
     tls_free (c);
     close (c->fd);
     c->fd = -1;
@@ -755,9 +780,7 @@ conn_maybe_free (struct conn *c)
     drop_unstarted (c);
     if (c->inflight > 0)
       return false;
-    event_del (c->ev_read);
-    event_del (c->ev_write);
-    event_del (c->ev_stall);
+    conn_events_off (c);
     tls_free (c);                   /* close_notify goes out before the FIN */
     close (c->fd);
     c->fd = -1;
@@ -781,6 +804,9 @@ conn_maybe_free (struct conn *c)
   event_free (c->ev_read);
   event_free (c->ev_write);
   event_free (c->ev_stall);
+  event_free (c->ev_input);
+  if (s->last_reader == c)
+    s->last_reader = NULL;          /* a new conn may get this address */
   free (c->rbuf);
   free (c->obuf);
   free (c->export_name);

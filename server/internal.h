@@ -363,6 +363,8 @@ struct conn {
   bool stall_expired;             /* the socket stayed full SEND_STALL_MS: parse
                                      anyway, CONN_READ_SEND_FULL stays clear */
   struct event *ev_stall;         /* the SEND_STALL_MS timer */
+  struct event *ev_input;         /* one-shot: TLS waits for input to send while
+                                   * reading is paused (conn_flush) */
 
   unsigned inflight;              /* parsed, not yet freed */
   uint64_t t_created, t_active;   /* now_ns(), for the timeouts sweep */

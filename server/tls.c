@@ -1739,21 +1739,22 @@ ossl_sendv (struct conn *c, struct tls_conn *t, const struct iovec *iov, int n)
  * OpenSSL then writes no application data until the rest arrives:
  * SSL_write asks for input.  The socket is writable, so waiting for
  * writability would spin: tls_send_waits_input tells conn.c to wait for
- * input instead, and the read event that brings it ends with a flush
- * that calls us again. */
+ * input instead.  The read event that brings it ends with a flush that
+ * calls us again; while reading is paused, conn_flush watches for input
+ * with a one-shot event of its own, and SSL_write reads the rest. */
 ssize_t
 tls_sendv (struct conn *c, const struct iovec *iov, int n)
 {
   struct tls_conn *t = c->tls;
   if (t->rec)
     return sealed_sendv (c, t, iov, n);
-  bool waited = t->write_wants_read;
+  /* Mid-message, SSL_write reads the socket itself: it may take the rest
+   * of the message and records behind it, which the socket will not
+   * announce again. */
+  bool may_read = SSL_in_init (t->ssl);
   t->write_wants_read = false;
   ssize_t r = ossl_sendv (c, t, iov, n);
-  /* SSL_write may have read the rest of that message itself, and records
-   * behind it the socket will not announce again. */
-  if (waited && !t->write_wants_read && SSL_has_pending (t->ssl)
-      && !(c->read_block & CONN_READ_PAUSED))
+  if (may_read && SSL_has_pending (t->ssl) && !(c->read_block & CONN_READ_PAUSED))
     event_active (c->ev_read, EV_READ, 1);
   return r;
 }
@@ -1762,5 +1763,5 @@ bool
 tls_send_waits_input (struct conn *c)
 {
   struct tls_conn *t = c->tls;
-  return t && t->write_wants_read;
+  return t && !t->rec && t->write_wants_read;
 }

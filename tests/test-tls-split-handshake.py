@@ -40,9 +40,10 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])
 
 
-def split_key_update(seal, split):
-    print("# KeyUpdate split after byte %d of 5, replies queued (%s seals)" % (split, seal))
-    opts = ["--tls=require", "--tls-certificates", os.path.join(T, "server")]
+def split_key_update(seal, split, extra=()):
+    print("# KeyUpdate split after byte %d of 5, replies queued (%s seals) %s"
+          % (split, seal, " ".join(extra)))
+    opts = ["--tls=require", "--tls-certificates", os.path.join(T, "server")] + list(extra)
     if seal == "blkd":
         opts.append("--tls-seal=blkd")
     srv = Server(["memory", "size=16M"], opts=opts)
@@ -107,3 +108,6 @@ def split_key_update(seal, split):
 for seal in ("OpenSSL", "blkd"):
     for split in (2, 4):
         split_key_update(seal, split)
+# Reading paused with the message half read (the requests in flight at
+# the limit): the rest must still be read, and the replies sent.
+split_key_update("OpenSSL", 4, ["--max-inflight", "4"])
