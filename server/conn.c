@@ -46,6 +46,7 @@ static atomic_ullong next_conn_id = 1;
 
 static void conn_on_read (evutil_socket_t fd, short what, void *arg);
 static void conn_on_write (evutil_socket_t fd, short what, void *arg);
+static void conn_on_input (evutil_socket_t fd, short what, void *arg);
 static void conn_on_stall (evutil_socket_t fd, short what, void *arg);
 static bool conn_maybe_free (struct conn *c);
 
@@ -78,7 +79,7 @@ conn_new (struct shard *s, int fd, const char *peer)
   c->ev_read = event_new (s->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
   c->ev_write = event_new (s->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
   c->ev_stall = evtimer_new (s->base, conn_on_stall, c);
-  c->ev_input = event_new (s->base, fd, EV_READ, conn_on_write, c);
+  c->ev_input = event_new (s->base, fd, EV_READ, conn_on_input, c);
   if (!c->ev_read || !c->ev_write || !c->ev_stall || !c->ev_input)
     goto fail;
   backend_conn_init (&c->pc, fd);
@@ -379,10 +380,15 @@ conn_flush (struct conn *c)
      * (requests in flight at the limit, a pool wait, closing): nothing
      * would read the rest of the message.  Flush once the socket is
      * readable; SSL_write reads it itself. */
-    if (r == 0 && tls_send_waits_input (c) && (c->read_block & CONN_READ_PAUSED))
-      event_add (c->ev_input, NULL);
-    else
-      event_del (c->ev_input);
+    bool watch = r == 0 && c->tls && tls_send_waits_input (c)
+                 && (c->read_block & CONN_READ_PAUSED);
+    if (watch != c->input_watch) {
+      if (watch)
+        event_add (c->ev_input, NULL);
+      else
+        event_del (c->ev_input);
+      c->input_watch = watch;
+    }
   }
   if (conn_maybe_free (c))
     return;
@@ -399,6 +405,16 @@ conn_on_write (evutil_socket_t fd, short what, void *arg)
   if (s->waiters)
     shard_wake_waiters (s);
   log_current = NULL;
+}
+
+/* Input for a TLS message SSL_write waits on, while reading is paused:
+ * the one-shot watch has fired; flushing lets SSL_write read it. */
+static void
+conn_on_input (evutil_socket_t fd, short what, void *arg)
+{
+  struct conn *c = arg;
+  c->input_watch = false;
+  conn_on_write (fd, what, arg);
 }
 
 /* A finished request, reply already built: queue it behind the others. */
@@ -748,6 +764,7 @@ conn_events_off (struct conn *c)
   event_del (c->ev_write);
   event_del (c->ev_stall);
   event_del (c->ev_input);
+  c->input_watch = false;
 }
 
 void

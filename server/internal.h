@@ -365,6 +365,7 @@ struct conn {
   struct event *ev_stall;         /* the SEND_STALL_MS timer */
   struct event *ev_input;         /* one-shot: TLS waits for input to send while
                                    * reading is paused (conn_flush) */
+  bool input_watch;               /* ev_input is added */
 
   unsigned inflight;              /* parsed, not yet freed */
   uint64_t t_created, t_active;   /* now_ns(), for the timeouts sweep */
