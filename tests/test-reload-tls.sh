@@ -10,9 +10,7 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/helpers/core.sh"
 . "$(dirname "$0")/helpers/tls.sh"
-need_server
-need openssl
-need nbdinfo
+need_tls_server nbdinfo
 server_is_nbdkit && skip "credential reload on SIGHUP is blkd's (nbdkit stops on SIGHUP)"
 $PY -c 'import nbd' 2>/dev/null || skip "the nbd Python module (python3-libnbd) is missing"
 

@@ -16,9 +16,7 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/helpers/core.sh"
 . "$(dirname "$0")/helpers/tls.sh"
-need_server
-need openssl
-need nbdcopy
+need_tls_server nbdcopy
 server_is_nbdkit && skip "blkd's TLS send path"
 need_ku_client
 CA=$T/client-ca/ca-cert.pem

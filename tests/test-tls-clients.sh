@@ -8,10 +8,7 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/helpers/core.sh"
 . "$(dirname "$0")/helpers/tls.sh"
-need_server
-need openssl
-need nbdinfo
-need nbdcopy
+need_tls_server nbdinfo nbdcopy
 server_is_nbdkit && skip "TLS tests run against blkd only (nbdkit cannot mix --tls-psk and certificates)"
 
 T=$TMP/tls

@@ -11,10 +11,7 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/helpers/core.sh"
 . "$(dirname "$0")/helpers/tls.sh"
-need_server
-need openssl
-need nbdcopy
-need nbdinfo
+need_tls_server nbdcopy nbdinfo
 server_is_nbdkit && skip "blkd's record sealing"
 need_ku_client
 XURI() { echo "nbds://127.0.0.1:$PORT/?tls-certificates=$T/client-ca"; }

@@ -8,9 +8,7 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/helpers/core.sh"
 . "$(dirname "$0")/helpers/tls.sh"
-need_server
-need openssl
-need nbdinfo
+need_tls_server nbdinfo
 server_is_nbdkit && skip "TLS tests run against blkd only (their log lines are blkd's)"
 
 T=$TMP/tls

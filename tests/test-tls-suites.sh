@@ -9,9 +9,7 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/helpers/core.sh"
 . "$(dirname "$0")/helpers/tls.sh"
-need_server
-need openssl
-need nbdinfo
+need_tls_server nbdinfo
 server_is_nbdkit && skip "blkd's suite order"
 need_ku_client
 start_server -v --tls=require --tls-certificates="$T/server" memory 8M

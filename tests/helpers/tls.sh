@@ -91,3 +91,11 @@ need_ku_client() {
   T=$TMP/tls
   make_tls_material "$T"
 }
+
+# The start of every TLS test: the server, openssl (for the material) and
+# the clients named (need_tls_server nbdinfo nbdcopy).  Needs core.sh.
+need_tls_server() {
+  need_server
+  local tool
+  for tool in openssl "$@"; do need "$tool"; done
+}
