@@ -23,10 +23,17 @@
 # without the warm-up whichever tool went first lost 20-40% at 256k.
 # Use an even ROUNDS, so each tool goes first equally often.
 # BLKPERF_ARGS adds options to every blkperf run (e.g. "--wake-replies 4").
-#   ROUNDS=4 LEN=5 WARM=2 TARGETS="null memory memfill blkd" COUNT=0 bench/blkperf-vs-fio.sh [OUTDIR]
+# Each tool's CPU share (its CPU seconds per second of its run) and the
+# server's while it ran say which side was the limit: a side near 1.00 is
+# saturated (a single-threaded client can use one CPU, no more).  PIN=1
+# puts the server on the last CPU and the clients on CPU 0, so the server
+# can never use more than one CPU either and the two never share one: then
+# a server near 1.00 is the limit, whatever the client.
+#   ROUNDS=4 LEN=5 WARM=2 TARGETS="null memory memfill blkd" COUNT=0 PIN=0 bench/blkperf-vs-fio.sh [OUTDIR]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 : "${ROUNDS:=4}" "${LEN:=5}" "${WARM:=2}" "${TARGETS:=null memory memfill blkd}" "${COUNT:=0}"
+: "${PIN:=0}"
 : "${BLKD:=$top/blkd}" "${BLKPERF:=$top/blkperf}"
 OUT=${1:-$top/build/bench}
 mkdir -p "$OUT"
@@ -34,11 +41,14 @@ for t in nbdkit fio; do
   command -v $t >/dev/null || { echo "$t is not installed (make deps)" >&2; exit 1; }
 done
 [ -x "$BLKPERF" ] || { echo "build blkperf first (make blkperf)" >&2; exit 1; }
+if [ "$PIN" = 1 ] && [ "$(nproc)" -lt 2 ]; then
+  echo "PIN=1 needs two CPUs or more" >&2; exit 1
+fi
 if [ "$COUNT" = 1 ] && ! command -v perf >/dev/null; then
   echo "COUNT=1 needs perf (Debian: linux-perf)" >&2; exit 1
 fi
 
-BLKPERF_ARGS=${BLKPERF_ARGS:-} TOP=$top ROUNDS=$ROUNDS LEN=$LEN WARM=$WARM TARGETS=$TARGETS COUNT=$COUNT BLKD=$BLKD BLKPERF=$BLKPERF OUT=$OUT \
+BLKPERF_ARGS=${BLKPERF_ARGS:-} TOP=$top ROUNDS=$ROUNDS LEN=$LEN WARM=$WARM TARGETS=$TARGETS COUNT=$COUNT PIN=$PIN BLKD=$BLKD BLKPERF=$BLKPERF OUT=$OUT \
 /usr/bin/python3 - <<'EOF'
 import json, os, statistics, subprocess, sys, tempfile, time
 
@@ -47,6 +57,10 @@ sys.path.insert(0, os.path.join(env["TOP"], "bench"))
 from anchors import free_port, wait_port  # noqa: E402
 rounds, length, count = int(env["ROUNDS"]), env["LEN"], env["COUNT"] == "1"
 warm = int(env["WARM"])
+pin = env["PIN"] == "1"
+# Pinned: the server on the last CPU, every client on CPU 0.
+SERVER_PIN = ["taskset", "-c", str(os.cpu_count() - 1)] if pin else []
+CLIENT_PIN = ["taskset", "-c", "0"] if pin else []
 null_so = subprocess.run(["nbdkit", "--dump-config"], capture_output=True, text=True,
                          check=True).stdout
 plugindir = [l.split("=", 1)[1] for l in null_so.splitlines() if l.startswith("plugindir=")][0]
@@ -70,7 +84,7 @@ LOADS = [  # name, blkperf test, fio rw, block size, depth, metric
 
 def start(target):
     port = free_port()
-    argv = [a.replace("{port}", str(port)) for a in TARGETS[target]]
+    argv = SERVER_PIN + [a.replace("{port}", str(port)) for a in TARGETS[target]]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_port(port, proc)
@@ -80,7 +94,7 @@ def start(target):
     uri = "nbd://127.0.0.1:%d" % port
     if target == "memfill":
         # Every page written once, untimed: reads then copy allocated pages.
-        subprocess.run([env["BLKPERF"], "--quiet", "-t", "STREAM_WRITE", "-b", "1M", "-q", "8",
+        subprocess.run(CLIENT_PIN + [env["BLKPERF"], "--quiet", "-t", "STREAM_WRITE", "-b", "1M", "-q", "8",
                         "-n", "1024", uri], check=True, stdout=subprocess.DEVNULL)
     return proc, uri
 
@@ -113,9 +127,9 @@ def srv_count_stop(p, statfile):
 
 def perf_wrap(argv, statfile):
     if not count:
-        return argv
+        return CLIENT_PIN + argv
     return ["perf", "stat", "-x", ",", "-o", statfile, "-e",
-            "raw_syscalls:sys_enter,context-switches"] + argv
+            "raw_syscalls:sys_enter,context-switches"] + CLIENT_PIN + argv
 
 
 def perf_counts(statfile, key=lambda ev: "syscalls" if "sys_enter" in ev else "cswitch"):
@@ -137,7 +151,8 @@ def run_blkperf(uri, load, statfile, target):
     proc = d["cpu"]["local"]["process"] if d["cpu"]["local"] else None
     cpu_s = proc["user_s"] + proc["system_s"] if proc else None
     return {"iops": d["iops"], "mib_s": d["throughput_mib_s"], "requests": d["requests"],
-            "cpu_us_req": cpu_s * 1e6 / d["requests"] if cpu_s is not None else None}
+            "cpu_us_req": cpu_s * 1e6 / d["requests"] if cpu_s is not None else None,
+            "cpu_share": cpu_s / d["elapsed_s"] if cpu_s is not None else None}
 
 
 def run_fio(uri, load, statfile, target, seconds=None):
@@ -147,7 +162,7 @@ def run_fio(uri, load, statfile, target, seconds=None):
             "--runtime=" + str(seconds or length),
             "--output-format=json"]
     if seconds:                      # the untimed warm-up
-        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(CLIENT_PIN + argv, check=True, stdout=subprocess.DEVNULL)
         return None
     out = subprocess.run(perf_wrap(argv, statfile), check=True, capture_output=True,
                          text=True).stdout
@@ -156,7 +171,8 @@ def run_fio(uri, load, statfile, target, seconds=None):
     ios = rd["total_ios"]
     cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * runtime_s
     return {"iops": rd["iops"], "mib_s": rd["bw_bytes"] / 2**20, "requests": ios,
-            "cpu_us_req": cpu_s * 1e6 / ios if ios else None}
+            "cpu_us_req": cpu_s * 1e6 / ios if ios else None,
+            "cpu_share": cpu_s / runtime_s if runtime_s else None}
 
 
 results = []
@@ -180,9 +196,14 @@ for r in range(rounds):
                     # The server's CPU over the whole client run, start-up
                     # and the probe connection included (a few ms).
                     sc, s0 = srv_count_start(proc.pid, srvstat), proc_cpu_s(proc.pid)
+                    t0 = time.monotonic()
                     res = (run_blkperf if tool == "blkperf" else run_fio)(uri, load, statfile,
                                                                          target)
-                    res["srv_cpu_us_req"] = (proc_cpu_s(proc.pid) - s0) * 1e6 / res["requests"]
+                    srv_s = proc_cpu_s(proc.pid) - s0
+                    res["srv_cpu_us_req"] = srv_s * 1e6 / res["requests"]
+                    # Over the client's whole run, connecting included: a
+                    # little low, the same way for both tools.
+                    res["srv_share"] = srv_s / (time.monotonic() - t0)
                     for k, v in srv_count_stop(sc, srvstat).items():
                         res[k + "_req"] = v / res["requests"]
                     if count:
@@ -207,13 +228,14 @@ for f in (statfile, srvstat):
 
 stamp = time.strftime("%Y%m%dT%H%M%S")
 with open(os.path.join(env["OUT"], "blkperf-vs-fio-%s.json" % stamp), "w") as f:
-    json.dump({"rounds": rounds, "length_s": length, "warm_s": warm, "count": count,
+    json.dump({"rounds": rounds, "length_s": length, "warm_s": warm, "count": count, "pin": pin,
                "blkperf_args": env["BLKPERF_ARGS"], "results": results}, f,
               indent=1)
 
 med = statistics.median
 hdr = ("| target | load | fio | blkperf | blkperf/fio median | min..max | fio CPU us/req"
-       " | blkperf CPU us/req | server CPU us/req under fio | under blkperf |")
+       " | blkperf CPU us/req | server CPU us/req under fio | under blkperf"
+       " | fio CPU share | blkperf CPU share | server CPU share under fio | under blkperf |")
 if count:
     hdr += (" fio syscalls/req | blkperf syscalls/req | fio cswitch/req | blkperf cswitch/req"
             " | server cswitch/req under fio | under blkperf"
@@ -233,11 +255,13 @@ for target in env["TARGETS"].split():
             return fmt % med(v) if v else "n/a"
 
         loads = [c["loadavg_1m"] for c in cells]
-        row = "| %s | %s | %s | %s | %.3f | %.3f..%.3f | %s | %s | %s | %s |" % (
+        row = "| %s | %s | %s | %s | %.3f | %.3f..%.3f | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             target, load[0], mv("fio", m, "%.0f") + unit, mv("blkperf", m, "%.0f") + unit,
             med(ratios), min(ratios), max(ratios),
             mv("fio", "cpu_us_req", "%.1f"), mv("blkperf", "cpu_us_req", "%.1f"),
-            mv("fio", "srv_cpu_us_req", "%.1f"), mv("blkperf", "srv_cpu_us_req", "%.1f"))
+            mv("fio", "srv_cpu_us_req", "%.1f"), mv("blkperf", "srv_cpu_us_req", "%.1f"),
+            mv("fio", "cpu_share", "%.2f"), mv("blkperf", "cpu_share", "%.2f"),
+            mv("fio", "srv_share", "%.2f"), mv("blkperf", "srv_share", "%.2f"))
         if count:
             row += " %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 mv("fio", "syscalls_req", "%.2f"), mv("blkperf", "syscalls_req", "%.2f"),
