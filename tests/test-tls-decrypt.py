@@ -23,10 +23,9 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
 from blkdtest import *  # noqa: E402,F401,F403
 
-try:
-    from tls13 import SUITES, HS_FINISHED, HS_KEY_UPDATE, HS_NEW_SESSION_TICKET, Direction, read_keylog
-except ImportError:
-    skip("python3-cryptography is not installed (make deps)")
+need_tls13()
+from tls13 import (SUITES, HS_FINISHED, HS_KEY_UPDATE, HS_NEW_SESSION_TICKET,  # noqa: E402
+                   Direction, read_keylog)
 
 if IS_NBDKIT:
     skip("blkd's record sealing")

@@ -18,11 +18,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
 from blkdtest import *  # noqa: E402,F401,F403
 
-try:
-    import ssl
-    from tls13 import BioClient, CT_HANDSHAKE, CT_APPLICATION_DATA, HS_KEY_UPDATE
-except ImportError:
-    skip("python3-cryptography is not installed (make deps)")
+need_tls13()
+import ssl  # noqa: E402
+from tls13 import BioClient, CT_HANDSHAKE, CT_APPLICATION_DATA, HS_KEY_UPDATE  # noqa: E402
 
 if IS_NBDKIT:
     skip("TLS tests run against blkd only")

@@ -148,6 +148,16 @@ def need_nbd():
     return nbd
 
 
+def need_tls13():
+    """Import and return the tests' TLS 1.3 record layer (tls13.py), or skip:
+    it needs python3-cryptography."""
+    try:
+        import tls13
+    except ImportError:
+        skip("python3-cryptography is not installed (make deps)")
+    return tls13
+
+
 def listen_ports(pid):
     """The TCP ports process pid listens on, its first listener first (by
     file descriptor).  From /proc, so it works for any server; tests never
