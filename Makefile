@@ -132,14 +132,18 @@ deps:
 run: $(DEPS_STEP) all
 	./blkd -f -i 127.0.0.1 -p 10809 ram size=1G
 
-# Side-by-side fio anchors against nbdkit, qemu-nbd and nbd-server (issue 3).
-# ROUNDS and SECONDS trade time for confidence; the tables land in
-# build/bench-anchors.md for pasting into docs/BENCHMARKS.md.
+# Side-by-side anchors against nbdkit, qemu-nbd and nbd-server: every row
+# measured with fio, unpinned, and with blkperf pinned apart from the
+# server, whose counts are checked against blkd's /metrics
+# (docs/BENCHMARKS.md says how to read them).  ROUNDS and SECONDS trade
+# time for confidence; ANCHORS_ARGS passes more (e.g. --part targets); the
+# tables land in build/bench-anchors.md, the raw cells in .json.
 ROUNDS  ?= 3
 SECONDS ?= 5
+ANCHORS_ARGS ?=
 bench-anchors: deps all
 	@mkdir -p build
-	/usr/bin/python3 bench/anchors.py --rounds $(ROUNDS) --seconds $(SECONDS) \
+	/usr/bin/python3 bench/anchors.py --rounds $(ROUNDS) --seconds $(SECONDS) $(ANCHORS_ARGS) \
 	  --out build/bench-anchors.md --json build/bench-anchors.json
 
 # Each seed's before/after experiment, reproduced with blkperf against

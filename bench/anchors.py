@@ -1,23 +1,39 @@
 #!/usr/bin/python3
-"""Side-by-side anchors for blkd's I/O engine, with fio's nbd engine.
+"""Server-bound anchors: blkd against nbdkit (qemu-nbd, nbd-server) with fio and with blkperf.
 
-Each workload runs against every server in turn, the order reversed on
-alternate rounds (A B C, C B A, ...), for ROUNDS rounds; we report medians,
-the spread (min-max) and ratios against nbdkit hosting the same plugin.
-Server CPU comes from /proc/PID/stat (utime+stime) around each run, the
-machine's user/system/idle split from /proc/stat.  The machine is shared
-and noisy: read the ratios, not the absolute numbers.
+Every row is measured twice, by two clients, in the same run:
 
-Honesty rules built in: before each cell the script samples the machine for
-a moment with nothing of its own running; a cell that starts while something
-else keeps the CPUs busy (more than --max-busy percent) waits and is retried,
-and if the machine never quiets down the cell is marked with "*" in the table.
-The 1-minute load average before each cell is recorded too.  Reads run on
-prefilled data.  QD1 is reported twice: unpinned, and with the server pinned
-to the last CPU and fio to the first.
+- fio's nbd engine, unpinned: what users run.  At small requests its one
+  thread is often the limit, so its ratios say as much about fio as about
+  the server.
+- blkperf with the server pinned to the last CPU and blkperf to CPU 0
+  ("pinned apart"): a client that costs less CPU per request than the
+  server, on a CPU of its own, so the server is the limit.  Against blkd,
+  blkperf's request count is checked against the server's own
+  (blkd_requests_total from --metrics, scraped around the run); a row
+  whose counts disagree is marked invalid.
+
+Each cell records the rate, the server's CPU per request, the client's
+CPU per request, both sides' CPU shares (CPU seconds per second; one
+thread is full at 1.00), the server's busiest thread, and which side was
+the limit (bench/benchlib.py says how).  Where the client was full and
+the server had headroom, the ratio column says "client-bound" rather than
+a bare ratio.  Servers alternate (A B C, C B A, ...) and so do the two
+clients, for ROUNDS rounds; the tables give medians, the spread (min-max
+over the rounds) and ratios against the baseline server hosting the same
+plugin (median and range of the per-round ratios).
+
+Honesty rules built in: before each cell the script samples the machine
+for a moment with nothing of its own running; a cell that starts while
+something else keeps the CPUs busy (more than --max-busy percent) waits
+and is retried, and if the machine never quiets down the cell is marked
+"*".  The 1-minute load average before each cell is recorded.  Reads run
+on prefilled data.
 
 Usage: bench/anchors.py [--rounds N] [--seconds S]
-                        [--part anchors|targets|switches|all]
+                        [--part anchors|targets|rawio|switches|all]
+                        [--clients fio,blkperf] [--workloads SUBSTR,...]
+                        [--servers SUBSTR,...] [--size 1G] [--fio-pinned]
                         [--blkd NAME=PATH ...] [--out FILE] [--json FILE]
 """
 
@@ -27,65 +43,40 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The shared method; names re-exported for the scripts that import them
+# from here (per-request.py, layers.sh, zerocopy.py).
+from benchlib import (CLIENT_PIN, NCPU, SERVER_CPU, bound, busy_pct,  # noqa: E402,F401
+                      count_agrees, free_port, machine_cpu, pin, proc_cpu, ratio_cell,
+                      run_blkperf, run_fio, scrape_requests, tree_cpu, wait_port, wait_quiet)
+
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLKD = os.path.join(TOP, "blkd")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+BLKPERF = os.path.join(TOP, "blkperf")
 DISK = "1G"
-NCPU = os.cpu_count() or 1
 MAX_BUSY = 10.0          # percent of the machine others may use before a cell
 EXTRA_BLKD = []          # (name, path): other blkd builds to run beside ./blkd
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(port, proc, secs=20):
-    deadline = time.time() + secs
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError("server exited at start-up: %s" % proc.args)
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("server did not listen: %s" % proc.args)
-
-
-def proc_cpu(pid):
-    """(user, system) seconds of a process, its threads and its reaped
-    children (nbd-server serves each client in a forked child)."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return ((int(fields[11]) + int(fields[13])) / CLK_TCK,
-            (int(fields[12]) + int(fields[14])) / CLK_TCK)
-
-
-def machine_cpu():
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    user, nice, system, idle, iowait, irq, softirq = v[:7]
-    return user + nice, system + irq + softirq, idle + iowait
+FIO_PINNED = False       # --fio-pinned: fio pinned apart too (a diagnosis)
+SERVER_FILTER = []       # --servers: substrings of the server names to run
 
 
 class Server:
     def __init__(self, name, argv_fn, tmp, export=""):
         self.name = name
         self.port = free_port()
+        self.metrics = None
         argv = argv_fn(self.port, tmp)
-        self.log = open(os.path.join(tmp, name + ".log"), "wb")
+        if argv[0] in [BLKD] + [path for _, path in EXTRA_BLKD]:
+            mport = free_port()
+            argv = argv[:1] + ["--metrics", "127.0.0.1:%d" % mport] + argv[1:]
+            self.metrics = "http://127.0.0.1:%d/metrics" % mport
+        self.log = open(os.path.join(tmp, name.replace("/", "_") + ".log"), "wb")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         self.pidfile = os.path.join(tmp, "nbd-server.pid") if name.startswith("nbd-server") else None
@@ -117,28 +108,6 @@ class Server:
         self.log.close()
 
 
-def fio(uri, rw, bs, iodepth, numjobs, seconds, extra=()):
-    cmd = ["fio", "--name=b", "--ioengine=nbd", "--uri=" + uri, "--rw=" + rw, "--bs=" + bs,
-           "--iodepth=%d" % iodepth, "--numjobs=%d" % numjobs, "--size=" + DISK,
-           "--time_based", "--runtime=%g" % seconds, "--group_reporting",
-           "--output-format=json"] + list(extra)
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tempfile.gettempdir())
-    if out.returncode != 0:
-        raise RuntimeError("fio failed: %s\n%s" % (" ".join(cmd), out.stderr))
-    j = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
-    io = j["read"] if j["read"]["io_bytes"] else j["write"]
-    pct = io["clat_ns"].get("percentile", {})
-    return {
-        "iops": io["iops"], "mib_s": io["bw"] / 1024.0, "bytes": io["io_bytes"],
-        # usr/sys are percentages of the job's run time (ms); "elapsed"
-        # is whole seconds and includes the set-up.
-        "fio_cpu_s": (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j.get("job_runtime",
-                                                                   j["elapsed"] * 1000) / 1000.0,
-        "fio_ctx": j.get("ctx", 0), "ios": io.get("total_ios", 0),
-        "p50_us": pct.get("50.000000", 0) / 1000.0, "p99_us": pct.get("99.000000", 0) / 1000.0,
-    }
-
-
 def prefill(uri):
     """Write the whole disk so reads hit real data, not holes."""
     subprocess.run(["fio", "--name=fill", "--ioengine=nbd", "--uri=" + uri, "--rw=write",
@@ -146,57 +115,51 @@ def prefill(uri):
                    check=True, cwd=tempfile.gettempdir())
 
 
-def busy_pct(secs=0.5):
-    """Share of the machine that something else uses while we run nothing."""
-    m0 = machine_cpu()
-    time.sleep(secs)
-    m1 = machine_cpu()
-    tot = sum(m1) - sum(m0) or 1
-    return 100.0 * (tot - (m1[2] - m0[2])) / tot
-
-
-def wait_quiet(tries=6):
-    """Wait (bounded) until the machine is quiet; returns (busy %, quiet?)."""
-    busy = busy_pct()
-    for _ in range(tries):
-        if busy <= MAX_BUSY:
-            return busy, True
-        time.sleep(2)
-        busy = busy_pct()
-    return busy, busy <= MAX_BUSY
-
-
-def pin(pid, cpus):
-    """Move every thread of pid to the CPU list (taskset -a)."""
-    subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], check=True,
-                   stdout=subprocess.DEVNULL)
-
-
-def measure(server, wl, seconds):
-    busy, quiet = wait_quiet()
+def measure(server, wl, seconds, client):
+    """One cell: one client run against one server.  fio runs unpinned
+    (unless --fio-pinned), blkperf pinned apart."""
+    busy, quiet = wait_quiet(MAX_BUSY)
     load1 = os.getloadavg()[0]
-    extra = ["--rate_iops=%d" % wl["rate_iops"]] if wl.get("rate_iops") else []
-    if wl.get("pinned") and NCPU > 1:
-        pin(server.pid, str(NCPU - 1))
-        extra.append("--cpus_allowed=0")
-    u0, s0 = proc_cpu(server.pid)
-    m0 = machine_cpu()
+    pinned = (client == "blkperf" or FIO_PINNED) and NCPU > 1
+    wrap = CLIENT_PIN if pinned else []
+    if pinned:
+        pin(server.pid, SERVER_CPU)
+    n0 = scrape_requests(server.metrics) if server.metrics else None
+    u0, s0 = tree_cpu(server.pid)
+    m0, t0 = machine_cpu(), time.monotonic()
     try:
-        r = fio(server.uri, wl["rw"], wl["bs"], wl["iodepth"], wl["numjobs"], seconds, extra)
+        if client == "fio":
+            extra = ["--rate_iops=%d" % wl["rate_iops"]] if wl.get("rate_iops") else []
+            r = run_fio(server.uri, wl["rw"], wl["bs"], wl["iodepth"], wl["numjobs"], seconds,
+                        DISK, extra, wrap, server.pid)
+        else:
+            r = run_blkperf(BLKPERF, server.uri, wl["test"], wl["bs"], wl["iodepth"],
+                            wl["numjobs"], seconds, (), wrap, server.pid)
     finally:
-        u1, s1 = proc_cpu(server.pid)
+        wall = time.monotonic() - t0
+        u1, s1 = tree_cpu(server.pid)
         m1 = machine_cpu()
-        if wl.get("pinned") and NCPU > 1:
+        if pinned:
             pin(server.pid, "0-%d" % (NCPU - 1))
-    r["busy_before_pct"], r["quiet"], r["load1"] = busy, quiet, load1
-    mib = r["bytes"] / 1048576.0
+    n1 = scrape_requests(server.metrics) if server.metrics else None
+    r.update(client=client, pinned=pinned, busy_before_pct=busy, quiet=quiet, load1=load1)
     cpu = (u1 - u0) + (s1 - s0)
+    mib = r["bytes"] / 1048576.0
+    r["srv_user_s"], r["srv_sys_s"] = u1 - u0, s1 - s0
+    r["srv_us_req"] = cpu * 1e6 / r["requests"] if r["requests"] else None
+    r["srv_share"] = cpu / wall if wall else None
     r["cpu_us_per_mib"] = cpu * 1e6 / mib if mib else 0
     r["user_us_per_mib"] = (u1 - u0) * 1e6 / mib if mib else 0
-    r["srv_user_s"], r["srv_sys_s"] = u1 - u0, s1 - s0
+    r["client_cap"] = min(wl["numjobs"], 1 if pinned else NCPU)
+    # What the server could use: its CPU pinned, else what the client left.
+    r["srv_cap"] = 1.0 if pinned else max(1.0, NCPU - (r["client_share"] or 0))
+    srv_share = r["srv_share_mid"] if r["srv_share_mid"] is not None else r["srv_share"]
+    r["bound"] = bound(r["client_share"], r["client_cap"], srv_share, r["srv_cap"],
+                       r["srv_thread_max"])
+    r["srv_requests"] = None if n0 is None else n1 - n0
+    r["count_ok"] = count_agrees(r["requests"], r["srv_requests"],
+                                 wl["iodepth"] * wl["numjobs"])
     tot = sum(m1) - sum(m0) or 1
-    r["machine_user_pct"] = 100.0 * (m1[0] - m0[0]) / tot
-    r["machine_sys_pct"] = 100.0 * (m1[1] - m0[1]) / tot
     r["machine_idle_pct"] = 100.0 * (m1[2] - m0[2]) / tot
     return r
 
@@ -213,19 +176,21 @@ def iperf3_mib_s(seconds):
     return j["end"]["sum_received"]["bits_per_second"] / 8 / 1048576.0
 
 
+# Each workload as fio runs it and as blkperf does (test; numjobs is
+# blkperf's -C).  test None: fio only (blkperf has no rate limit).
 WORKLOADS = [
-    ("4k randread QD32", dict(rw="randread", bs="4k", iodepth=32, numjobs=1)),
-    ("4k randwrite QD32", dict(rw="randwrite", bs="4k", iodepth=32, numjobs=1)),
-    ("4x QD16 4k randread", dict(rw="randread", bs="4k", iodepth=16, numjobs=4)),
-    ("QD1 4k randread", dict(rw="randread", bs="4k", iodepth=1, numjobs=1)),
-    ("QD1 4k randread, pinned apart", dict(rw="randread", bs="4k", iodepth=1, numjobs=1,
-                                           pinned=True)),
-    ("256k read QD16", dict(rw="read", bs="256k", iodepth=16, numjobs=1)),
-    ("256k write QD16", dict(rw="write", bs="256k", iodepth=16, numjobs=1)),
+    ("4k randread QD32", dict(rw="randread", bs="4k", iodepth=32, numjobs=1, test="RAND_READ")),
+    ("4k randwrite QD32", dict(rw="randwrite", bs="4k", iodepth=32, numjobs=1,
+                               test="RAND_WRITE")),
+    ("4x QD16 4k randread", dict(rw="randread", bs="4k", iodepth=16, numjobs=4,
+                                 test="RAND_READ")),
+    ("QD1 4k randread", dict(rw="randread", bs="4k", iodepth=1, numjobs=1, test="RR")),
+    ("256k read QD16", dict(rw="read", bs="256k", iodepth=16, numjobs=1, test="STREAM_READ")),
+    ("256k write QD16", dict(rw="write", bs="256k", iodepth=16, numjobs=1, test="STREAM_WRITE")),
     # A client that waits between requests: what an idle-ish connection
-    # costs the server (CPU per MiB), e.g. with --poll-us.
+    # costs the server (CPU per request), e.g. with --poll-us.
     ("QD1 4k randread at 2000 IOPS", dict(rw="randread", bs="4k", iodepth=1, numjobs=1,
-                                          rate_iops=2000)),
+                                          rate_iops=2000, test=None)),
 ]
 
 
@@ -291,8 +256,10 @@ def rawio_servers(tmp):
 
 
 RAWIO_WORKLOADS = [
-    ("4k randread QD32 (disk)", dict(rw="randread", bs="4k", iodepth=32, numjobs=1)),
-    ("256k read QD16 (disk)", dict(rw="read", bs="256k", iodepth=16, numjobs=1)),
+    ("4k randread QD32 (disk)", dict(rw="randread", bs="4k", iodepth=32, numjobs=1,
+                                     test="RAND_READ")),
+    ("256k read QD16 (disk)", dict(rw="read", bs="256k", iodepth=16, numjobs=1,
+                                   test="STREAM_READ")),
 ]
 
 
@@ -303,17 +270,24 @@ def switch_servers(tmp):
     return [
         ("iobuf=pool", b("--iobuf=pool")),
         ("iobuf=calloc", b("--iobuf=calloc")),
+        # Both on workers: the queues are what the plugin calls go through.
         ("queue=split (workers)", b("--queue=split", "--dispatch=worker")),
-        ("queue=global", b("--queue=global")),
+        ("queue=global (workers)", b("--queue=global", "--dispatch=worker")),
     ], None
 
 
-def run_part(title, servers_fn, workloads, rounds, seconds, baseline, fill=True):
+def run_part(title, servers_fn, workloads, rounds, seconds, clients, fill=True):
+    """Run every workload on every server with every client, for rounds
+    rounds.  Servers alternate (A B C, C B A, ...), and so do the clients
+    (fio first in odd rounds, blkperf first in even ones).  Returns
+    {client: {workload: {server: [cell, ...]}}}."""
     tmp = tempfile.mkdtemp(prefix="blkd-bench.")
     specs, img = servers_fn(tmp)
     servers = []
     try:
         for name, fn in specs:
+            if SERVER_FILTER and not any(k in name for k in SERVER_FILTER):
+                continue
             try:
                 servers.append(Server(name, fn, tmp, "disk" if name.startswith("nbd-server") else ""))
             except Exception as e:
@@ -321,19 +295,29 @@ def run_part(title, servers_fn, workloads, rounds, seconds, baseline, fill=True)
         for s in servers:
             if fill:
                 prefill(s.uri)
-        results = {wl: {s.name: [] for s in servers} for wl, _ in workloads}
+        results = {c: {wl: {s.name: [] for s in servers} for wl, spec in workloads
+                        if c == "fio" or spec.get("test")} for c in clients}
         for rnd in range(rounds):
             order = servers if rnd % 2 == 0 else list(reversed(servers))
+            corder = clients if rnd % 2 == 0 else list(reversed(clients))
             for wl, spec in workloads:
                 for s in order:
-                    r = measure(s, spec, seconds)
-                    results[wl][s.name].append(r)
-                    print("%-8s round %d  %-30s %-22s %9.0f IOPS %8.1f MiB/s  p99 %8.0f us  "
-                          "%6.0f us-CPU/MiB  load %.2f busy %.0f%%%s" % (
-                              title, rnd + 1, wl, s.name, r["iops"], r["mib_s"], r["p99_us"],
-                              r["cpu_us_per_mib"], r["load1"], r["busy_before_pct"],
-                              "" if r["quiet"] else " NOT QUIET"),
-                          file=sys.stderr, flush=True)
+                    for c in corder:
+                        if wl not in results[c]:
+                            continue
+                        r = measure(s, spec, seconds, c)
+                        r["round"] = rnd + 1
+                        results[c][wl][s.name].append(r)
+                        print("%-8s round %d %-7s %-28s %-22s %9.0f IOPS %8.1f MiB/s  "
+                              "srv %6.1f us/req share %s thread %s  client %s  %-6s count %s  "
+                              "load %.2f busy %.0f%%%s" % (
+                                  title, rnd + 1, c, wl, s.name, r["iops"], r["mib_s"],
+                                  r["srv_us_req"] or 0, fmt(r["srv_share_mid"]),
+                                  fmt(r["srv_thread_max"]), fmt(r["client_share"]), r["bound"],
+                                  {None: "n/a", True: "ok", False: "DISAGREE"}[r["count_ok"]],
+                                  r["load1"], r["busy_before_pct"],
+                                  "" if r["quiet"] else " NOT QUIET"),
+                              file=sys.stderr, flush=True)
         return results
     finally:
         for s in servers:
@@ -344,62 +328,162 @@ def run_part(title, servers_fn, workloads, rounds, seconds, baseline, fill=True)
 
 
 def med(xs):
-    return statistics.median(xs) if xs else 0
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
-def table(results, baseline):
-    """One row per workload and server; ratios against baseline.  "*" marks
-    a row with a cell that began while the machine was not quiet."""
-    lines = ["| workload | server | IOPS (median) | spread | MiB/s | p50 µs | p99 µs | "
-             "server CPU µs/MiB (user) | machine idle % | load1 | × " + baseline +
-             " IOPS | × CPU/MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def fmt(v, f="%.2f"):
+    return "n/a" if v is None else f % v
+
+
+def summarise(rs):
+    """Medians of one cell's rounds, and which side was the limit, judged
+    from the median shares."""
+    big = any(r["bytes"] / max(r["requests"], 1) >= 65536 for r in rs)
+    rate = [r["mib_s"] if big else r["iops"] for r in rs]
+    share = [r["srv_share_mid"] if r["srv_share_mid"] is not None else r["srv_share"]
+             for r in rs]
+    m = {
+        "unit": "MiB/s" if big else "IOPS", "rate": med(rate), "lo": min(rate), "hi": max(rate),
+        "srv_us_req": med([r["srv_us_req"] for r in rs]),
+        "client_us_req": med([r["client_us_req"] for r in rs]),
+        "client_share": med([r["client_share"] for r in rs]),
+        "srv_share": med(share), "srv_thread_max": med([r["srv_thread_max"] for r in rs]),
+        "p99_us": med([r["p99_us"] for r in rs]),
+        "load_lo": min(r["load1"] for r in rs), "load_hi": max(r["load1"] for r in rs),
+        "quiet": all(r.get("quiet", True) for r in rs),
+        "pinned": all(r.get("pinned") for r in rs),
+    }
+    m["bound"] = bound(m["client_share"], med([r["client_cap"] for r in rs]), m["srv_share"],
+                       med([r["srv_cap"] for r in rs]), m["srv_thread_max"])
+    checks = [r["count_ok"] for r in rs if r["count_ok"] is not None]
+    m["count"] = "n/a" if not checks else ("ok" if all(checks) else
+                                           "DISAGREE in %d of %d" % (checks.count(False),
+                                                                     len(checks)))
+    m["valid"] = all(checks)
+    return m
+
+
+def per_round_ratio(rs, base, key):
+    """Median and range of cell/baseline per round (same round, same
+    client), over the rounds both have."""
+    b = {r["round"]: r for r in base}
+    xs = [r[key] / b[r["round"]][key] for r in rs
+          if r["round"] in b and r[key] and b[r["round"]][key]]
+    return (statistics.median(xs), (min(xs), max(xs))) if xs else (None, None)
+
+
+TABLE_HEAD = ("| workload | server | rate (median) | spread | × {base} rate | server CPU µs/req "
+              "| × {base} CPU/req | client CPU µs/req | client share | server share (busiest "
+              "thread) | bound | count check | p99 µs | load1 |")
+
+
+def table(results, baseline, client):
+    """One row per workload and server for one client.  "*" marks a row
+    with a cell that began while the machine was not quiet."""
+    lines = [TABLE_HEAD.format(base=baseline), "|" + "---|" * 14]
     for wl, by_server in results.items():
-        base = med([r["iops"] for r in by_server.get(baseline, [])])
-        base_cpu = med([r["cpu_us_per_mib"] for r in by_server.get(baseline, [])])
+        base = by_server.get(baseline) or []
+        bsum = summarise(base) if base else None
         for name, rs in by_server.items():
             if not rs:
                 continue
-            iops = [r["iops"] for r in rs]
-            m = med(iops)
-            cpu = med([r["cpu_us_per_mib"] for r in rs])
-            mark = "" if all(r.get("quiet", True) for r in rs) else " *"
-            lines.append("| %s%s | %s | %.0f | %.0f–%.0f | %.1f | %.0f | %.0f | %.0f (%.0f) | %.0f | "
-                         "%.2f | %s | %s |" % (
-                wl, mark, name, m, min(iops), max(iops), med([r["mib_s"] for r in rs]),
-                med([r["p50_us"] for r in rs]), med([r["p99_us"] for r in rs]),
-                cpu, med([r["user_us_per_mib"] for r in rs]),
-                med([r["machine_idle_pct"] for r in rs]), max(r["load1"] for r in rs),
-                "%.2f" % (m / base) if base else "–",
-                "%.2f" % (cpu / base_cpu) if base_cpu else "–"))
+            m = summarise(rs)
+            key = "mib_s" if m["unit"] == "MiB/s" else "iops"
+            rate_r, rate_sp = per_round_ratio(rs, base, key)
+            cpu_r, cpu_sp = per_round_ratio(rs, base, "srv_us_req")
+            lines.append("| %s%s | %s | %.0f %s | %.0f–%.0f | %s | %s | %s | %s | %s | %s (%s) "
+                         "| %s | %s | %s | %.2f–%.2f |" % (
+                             wl, "" if m["quiet"] else " *", name, m["rate"], m["unit"],
+                             m["lo"], m["hi"],
+                             ratio_cell(rate_r, None if name == baseline else rate_sp,
+                                        m["bound"], bsum and bsum["bound"],
+                                        m["valid"] and (not bsum or bsum["valid"])),
+                             fmt(m["srv_us_req"], "%.1f"),
+                             "1" if name == baseline else
+                             "%.2f (%.2f–%.2f)" % ((cpu_r,) + cpu_sp) if cpu_r else "–",
+                             fmt(m["client_us_req"], "%.1f"), fmt(m["client_share"]),
+                             fmt(m["srv_share"]), fmt(m["srv_thread_max"]), m["bound"],
+                             m["count"], fmt(m["p99_us"], "%.0f"), m["load_lo"], m["load_hi"]))
     return "\n".join(lines)
 
 
+LEGEND = """\
+Rate: median over the rounds (IOPS, or MiB/s for 64 KiB requests and
+more); spread: min–max.  × columns: the median of the per-round ratios
+against {base} under the same client, with their range.  Shares are CPU
+seconds per second (one thread full: 1.00), the server's sampled in the
+middle of the run.  bound: which side was the limit (server: its busiest
+thread or the process near full; client: the client near full while the
+server had headroom; both: unpinned, the machine full; -: neither).
+Where a cell or its baseline is client-bound the × column says so: the
+rate is the client's, and the ratio given is only a bound.  count check:
+blkd's own request count (its /metrics, scraped around the run) against
+the client's; "DISAGREE" makes the row invalid."""
+
+
+def client_title(client):
+    if client == "blkperf" or FIO_PINNED:
+        return ("%s, pinned apart (server on CPU %s, client on CPU 0)" % (client, SERVER_CPU)
+                if NCPU > 1 else "%s (one CPU: not pinned)" % client)
+    return "%s, unpinned" % client
+
+
+def part_tables(title, res, baseline):
+    md = []
+    for client, by_wl in res.items():
+        md.append("\n### %s: %s\n" % (title, client_title(client)))
+        md.append(table(by_wl, baseline, client))
+    md.append("\n" + LEGEND.format(base=baseline))
+    return md
+
+
 def client_table(results):
-    """What each server costs the client: fio's own CPU and context
-    switches per request (fio's one thread is the limit at QD32, so a
-    server that makes fio cheaper raises the ceiling)."""
+    """What each server costs fio: its CPU and context switches per
+    request (fio's one thread is the limit at QD32, so a server that makes
+    fio cheaper raises the ceiling)."""
     lines = ["| workload | server | fio CPU µs/request | fio context switches/request |",
              "|---|---|---|---|"]
     for wl, by_server in results.items():
         for name, rs in by_server.items():
-            rs = [r for r in rs if r.get("ios")]
+            rs = [r for r in rs if r.get("requests")]
             if not rs:
                 continue
             lines.append("| %s | %s | %.1f | %.2f |" % (
-                wl, name, med([r["fio_cpu_s"] * 1e6 / r["ios"] for r in rs]),
-                med([r["fio_ctx"] / r["ios"] for r in rs])))
+                wl, name, med([r["client_us_req"] for r in rs]),
+                med([r["client_ctx"] / r["requests"] for r in rs])))
     return "\n".join(lines)
 
 
+def versions():
+    def first(argv):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            return (out.stdout or out.stderr).strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            return "%s: not found" % argv[0]
+    rev = first(["git", "-C", TOP, "describe", "--always", "--dirty"])
+    return "; ".join([
+        "blkd " + rev, first(["nbdkit", "--version"]), first(["fio", "--version"]),
+        first(["qemu-nbd", "--version"]), first(["nbd-server", "-V"]),
+        first([BLKPERF, "--version"])])
+
+
 def main():
-    global MAX_BUSY
+    global MAX_BUSY, DISK, FIO_PINNED, SERVER_FILTER
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--part", default="all", choices=["anchors", "targets", "rawio", "switches", "all"])
+    ap.add_argument("--clients", default="fio,blkperf",
+                    help="which clients measure each row: fio (unpinned), blkperf (pinned apart)")
     ap.add_argument("--workloads", default=None,
                     help="comma-separated substrings: run only the matching workloads")
+    ap.add_argument("--servers", default=None,
+                    help="comma-separated substrings: run only the matching servers")
+    ap.add_argument("--size", default=DISK, help="disk size (default 1G)")
+    ap.add_argument("--fio-pinned", action="store_true",
+                    help="pin fio apart from the server too (to tell placement from the server)")
     ap.add_argument("--blkd", action="append", default=[], metavar="NAME=PATH",
                     help="another blkd build to run beside ./blkd (targets part)")
     ap.add_argument("--max-busy", type=float, default=MAX_BUSY,
@@ -407,7 +491,13 @@ def main():
     ap.add_argument("--out", default=None, help="write the markdown tables here")
     ap.add_argument("--json", default=None, help="write raw results here")
     a = ap.parse_args()
-    MAX_BUSY = a.max_busy
+    MAX_BUSY, DISK, FIO_PINNED = a.max_busy, a.size, a.fio_pinned
+    SERVER_FILTER = a.servers.split(",") if a.servers else []
+    clients = [c for c in a.clients.split(",") if c]
+    if not clients or any(c not in ("fio", "blkperf") for c in clients):
+        ap.error("--clients takes fio, blkperf or both")
+    if "blkperf" in clients and not os.access(BLKPERF, os.X_OK):
+        ap.error("build blkperf first (make blkperf), or --clients fio")
     for spec in a.blkd:
         name, path = spec.split("=", 1)
         EXTRA_BLKD.append((name, os.path.abspath(path)))
@@ -422,41 +512,43 @@ def main():
             if line.startswith("model name"):
                 cpu_model = line.split(":", 1)[1].strip()
                 break
-    header = ["Machine: %s, %d CPUs, kernel %s; %s; %d rounds of %gs, medians; "
+    header = ["Machine: %s, %d CPUs, kernel %s; %s; %s; %d rounds of %gs, medians; "
               "load average at start %.2f; a cell starts only when others use "
               "under %.0f%% of the machine (\"*\": one did not)." % (
-        cpu_model, os.cpu_count(), platform.release(), time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                         time.gmtime()),
-        a.rounds, a.seconds, os.getloadavg()[0], MAX_BUSY)]
-    raw = {}
+                  cpu_model, NCPU, platform.release(), versions(),
+                  time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  a.rounds, a.seconds, os.getloadavg()[0], MAX_BUSY)]
+    raw = {"header": header[0]}
     md = list(header)
     if a.part in ("anchors", "all"):
         iperf = [iperf3_mib_s(3) for _ in range(a.rounds)]
         md.append("\niperf3, one TCP stream over loopback: median %.0f MiB/s (%.0f–%.0f)\n" % (
             med(iperf), min(iperf), max(iperf)))
-        res = run_part("anchors", anchor_servers, workloads, a.rounds, a.seconds, "nbdkit memory")
+        res = run_part("anchors", anchor_servers, workloads, a.rounds, a.seconds, clients)
         raw["anchors"] = res
         raw["iperf3_mib_s"] = iperf
-        md.append(table(res, "nbdkit memory"))
+        md += part_tables("anchors", res, "nbdkit memory")
     if a.part == "rawio":
-        res = run_part("rawio", rawio_servers, RAWIO_WORKLOADS, a.rounds, a.seconds,
-                       "qemu-nbd io_uring direct", fill=False)
+        res = run_part("rawio", rawio_servers, RAWIO_WORKLOADS, a.rounds, a.seconds, clients,
+                       fill=False)
         raw["rawio"] = res
-        md.append(table(res, "qemu-nbd io_uring direct"))
+        md += part_tables("rawio", res, "qemu-nbd io_uring direct")
     if a.part == "targets":
-        res = run_part("targets", target_servers, workloads, a.rounds, a.seconds, "nbdkit memory")
+        res = run_part("targets", target_servers, workloads, a.rounds, a.seconds, clients)
         raw["targets"] = res
-        md.append(table(res, "nbdkit memory"))
-        md.append("\n" + client_table(res))
+        md += part_tables("targets", res, "nbdkit memory")
+        if "fio" in res:
+            md.append("\nWhat each server costs fio:\n\n" + client_table(res["fio"]))
     if a.part in ("switches", "all"):
         sw = []
         for conns in (1, 4, 16, 64):
             depth = max(1, 64 // conns)
             sw.append(("%d conn × QD%d 4k randread" % (conns, depth),
-                       dict(rw="randread", bs="4k", iodepth=depth, numjobs=conns)))
-        res = run_part("switches", switch_servers, sw, a.rounds, a.seconds, "iobuf=pool")
+                       dict(rw="randread", bs="4k", iodepth=depth, numjobs=conns,
+                            test="RAND_READ")))
+        res = run_part("switches", switch_servers, sw, a.rounds, a.seconds, clients)
         raw["switches"] = res
-        md.append("\n" + table(res, "iobuf=pool"))
+        md += part_tables("switches", res, "iobuf=pool")
     text = "\n".join(md) + "\n"
     print(text)
     if a.out:

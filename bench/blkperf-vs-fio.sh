@@ -29,6 +29,8 @@
 # puts the server on the last CPU and the clients on CPU 0, so the server
 # can never use more than one CPU either and the two never share one: then
 # a server near 1.00 is the limit, whatever the client.
+# The runs and the CPU accounting are bench/benchlib.py's, shared with
+# bench/anchors.py (make bench-anchors).
 #   ROUNDS=4 LEN=5 WARM=2 TARGETS="null memory memfill blkd" COUNT=0 PIN=0 bench/blkperf-vs-fio.sh [OUTDIR]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -54,13 +56,14 @@ import json, os, statistics, subprocess, sys, tempfile, time
 
 env = os.environ
 sys.path.insert(0, os.path.join(env["TOP"], "bench"))
-from anchors import free_port, wait_port  # noqa: E402
+import benchlib  # noqa: E402
+from benchlib import free_port, wait_port  # noqa: E402
 rounds, length, count = int(env["ROUNDS"]), env["LEN"], env["COUNT"] == "1"
 warm = int(env["WARM"])
 pin = env["PIN"] == "1"
 # Pinned: the server on the last CPU, every client on CPU 0.
-SERVER_PIN = ["taskset", "-c", str(os.cpu_count() - 1)] if pin else []
-CLIENT_PIN = ["taskset", "-c", "0"] if pin else []
+SERVER_PIN = ["taskset", "-c", benchlib.SERVER_CPU] if pin else []
+CLIENT_PIN = benchlib.CLIENT_PIN if pin else []
 null_so = subprocess.run(["nbdkit", "--dump-config"], capture_output=True, text=True,
                          check=True).stdout
 plugindir = [l.split("=", 1)[1] for l in null_so.splitlines() if l.startswith("plugindir=")][0]
@@ -99,14 +102,9 @@ def start(target):
     return proc, uri
 
 
-TICK = os.sysconf("SC_CLK_TCK")
-
-
 def proc_cpu_s(pid):
     """utime+stime of a whole process, exited threads included."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return sum(benchlib.proc_cpu(pid))
 
 
 def srv_count_start(pid, statfile):
@@ -144,35 +142,22 @@ def perf_counts(statfile, key=lambda ev: "syscalls" if "sys_enter" in ev else "c
 
 def run_blkperf(uri, load, statfile, target):
     _, test, _, bs, qd, _ = load
-    argv = [env["BLKPERF"], "--json", "--quiet", "-c", "-t", test, "-b", bs, "-q", str(qd),
-            "-l", length] + env["BLKPERF_ARGS"].split() + [uri]
-    d = json.loads(subprocess.run(perf_wrap(argv, statfile), check=True, capture_output=True,
-                                  text=True).stdout)
-    proc = d["cpu"]["local"]["process"] if d["cpu"]["local"] else None
-    cpu_s = proc["user_s"] + proc["system_s"] if proc else None
-    return {"iops": d["iops"], "mib_s": d["throughput_mib_s"], "requests": d["requests"],
-            "cpu_us_req": cpu_s * 1e6 / d["requests"] if cpu_s is not None else None,
-            "cpu_share": cpu_s / d["elapsed_s"] if cpu_s is not None else None}
+    r = benchlib.run_blkperf(env["BLKPERF"], uri, test, bs, qd, 1, float(length),
+                             env["BLKPERF_ARGS"].split(), perf_wrap([], statfile))
+    return {"iops": r["iops"], "mib_s": r["mib_s"], "requests": r["requests"],
+            "cpu_us_req": r["client_us_req"], "cpu_share": r["client_share"]}
 
 
 def run_fio(uri, load, statfile, target, seconds=None):
     _, _, rw, bs, qd, _ = load
-    argv = ["fio", "--name=vs", "--ioengine=nbd", "--uri=" + uri, "--rw=" + rw, "--bs=" + bs,
-            "--iodepth=" + str(qd), "--size=" + TSIZE.get(target, SIZE), "--time_based",
-            "--runtime=" + str(seconds or length),
-            "--output-format=json"]
+    size = TSIZE.get(target, SIZE)
     if seconds:                      # the untimed warm-up
-        subprocess.run(CLIENT_PIN + argv, check=True, stdout=subprocess.DEVNULL)
+        benchlib.run_fio(uri, rw, bs, qd, 1, seconds, size, wrap=CLIENT_PIN)
         return None
-    out = subprocess.run(perf_wrap(argv, statfile), check=True, capture_output=True,
-                         text=True).stdout
-    job = json.loads(out[out.index("{"):])["jobs"][0]
-    rd, runtime_s = job["read"], job["read"]["runtime"] / 1000.0
-    ios = rd["total_ios"]
-    cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * runtime_s
-    return {"iops": rd["iops"], "mib_s": rd["bw_bytes"] / 2**20, "requests": ios,
-            "cpu_us_req": cpu_s * 1e6 / ios if ios else None,
-            "cpu_share": cpu_s / runtime_s if runtime_s else None}
+    r = benchlib.run_fio(uri, rw, bs, qd, 1, float(length), size,
+                         wrap=perf_wrap([], statfile))
+    return {"iops": r["iops"], "mib_s": r["mib_s"], "requests": r["requests"],
+            "cpu_us_req": r["client_us_req"], "cpu_share": r["client_share"]}
 
 
 results = []

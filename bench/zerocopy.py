@@ -67,7 +67,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--json")
     a = ap.parse_args()
-    results = anchors.run_part("zerocopy", servers, WORKLOADS, a.rounds, a.seconds, BASELINE)
+    results = anchors.run_part("zerocopy", servers, WORKLOADS, a.rounds, a.seconds, ["fio"])["fio"]
     print(table(results))
     if a.json:
         with open(a.json, "w") as f:

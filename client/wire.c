@@ -77,15 +77,15 @@ bp_wire_set_rcvtimeo (int fd, long us)
 
 /* The wake-up threshold (by default one whole reply, for reads of 64 KiB
  * and more; --wake-replies sets how many).  Without it, a thread asleep in
- * recv() is woken
- * by every segment that arrives: over loopback a 256 KiB reply comes as
- * four 64 KiB segments, so four wake-ups, each a context switch here and a
- * wake-up call (and, on a VM, often an IPI to an idle vCPU) in the server
- * thread that is sending, usually while it holds its connection's send
- * lock.  With SO_RCVLOWAT at one whole reply, TCP wakes us once the whole
- * reply is queued, and the header and payload recv() calls then find it
- * all there; at several, one wake-up serves several replies (and the
- * refills go out together, a burst the server has to take apart).  It is armed only when every reply has that one size (the
+ * recv() is woken by every segment that arrives: over loopback a 256 KiB
+ * reply comes as four 64 KiB segments, so four wake-ups, each a context
+ * switch here and a wake-up call (and, on a VM, often an IPI to an idle
+ * vCPU) in the server thread that is sending, usually while it holds its
+ * connection's send lock.  With SO_RCVLOWAT at one whole reply, TCP wakes
+ * us once the whole reply is queued, and the header and payload recv()
+ * calls then find it all there; at several, one wake-up serves several
+ * replies (and the refills go out together, a burst the server has to
+ * take apart).  It is armed only when every reply has that one size (the
  * caller says all requests are reads of wake_len bytes) and only after
  * a run of whole replies, so a server that answers with holes or errors
  * (shorter on the wire) never arms it; one that starts doing so later
