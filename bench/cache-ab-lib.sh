@@ -22,23 +22,17 @@ mkdir -p "$OUT"
 
 ab_run() {
   NAME=$1 A_OPTS=$2 B_OPTS=$3 PLUGIN=$4 TEST=$5 \
-  BLKD=$BLKD BLKPERF=$BLKPERF ROUNDS=$ROUNDS ITER=$ITER LEN=$LEN OUT=$OUT \
+  BLKD=$BLKD BLKPERF=$BLKPERF ROUNDS=$ROUNDS ITER=$ITER LEN=$LEN OUT=$OUT TOP=$top \
   /usr/bin/python3 - <<'EOF'
-import json, os, shlex, shutil, socket, statistics, subprocess, sys, time, urllib.request
+import json, os, shlex, shutil, statistics, subprocess, sys, time, urllib.request
 
 env = os.environ
+sys.path.insert(0, os.path.join(env["TOP"], "bench"))
+from benchlib import free_port as port, wait_port  # noqa: E402
 name, rounds, iters, length = env["NAME"], int(env["ROUNDS"]), int(env["ITER"]), env["LEN"]
 a_opts, b_opts = shlex.split(env["A_OPTS"]), shlex.split(env["B_OPTS"])
 plugin, test = shlex.split(env["PLUGIN"]), shlex.split(env["TEST"])
 slug = "".join(ch if ch.isalnum() else "-" for ch in name).strip("-").lower()
-
-
-def port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def start(opts):
@@ -46,13 +40,8 @@ def start(opts):
     proc = subprocess.Popen([env["BLKD"], "-f", "-i", "127.0.0.1", "-p", str(p),
                              "--metrics", "127.0.0.1:%d" % m] + opts + plugin,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", p), timeout=1).close()
-            socket.create_connection(("127.0.0.1", m), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.05)
+    wait_port(p, proc)
+    wait_port(m, proc)
     return proc, "nbd://127.0.0.1:%d" % p, "http://127.0.0.1:%d/metrics" % m
 
 
