@@ -66,7 +66,8 @@ EOF
 need fio
 need nbdkit
 need taskset
-[ -x "$BLKD" ] || skip "no blkd binary at $BLKD"
+# bench/anchors.py runs the tree's own ./blkd and ./blkperf.
+[ -x "$TOP/blkd" ] || skip "no blkd binary at $TOP/blkd"
 [ -x "$TOP/blkperf" ] || skip "blkperf is not built (make blkperf)"
 timeout 300 "$PY" "$TOP/bench/anchors.py" --part targets --rounds 1 --seconds 1 --size 64M \
   --max-busy 100 --workloads "4k randread QD32" --servers "nbdkit memory,blkd ram" \
