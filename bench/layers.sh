@@ -40,10 +40,12 @@ import json, os, statistics, subprocess, sys, time
 
 env = os.environ
 sys.path.insert(0, os.path.join(env["TOP"], "bench"))
-from anchors import free_port, wait_port  # noqa: E402
+from benchlib import free_port, wait_port  # noqa: E402
 rounds, length = int(env["ROUNDS"]), env["LEN"]
 PLUGIN = ["memory", "size=1G"]
-LOADS = {"RR 4k QD1": ["-t", "RR", "-b", "4k"],
+# Both loads read written data: on an unwritten disk blkd answers with
+# hole chunks where nbdkit's memory plugin sends zeroes, another path.
+LOADS = {"RR 4k QD1": ["-t", "RR", "-b", "4k", "--prefill", "--span", "256M"],
          "RAND_READ 4k 2x QD32": ["-t", "RAND_READ", "-b", "4k", "-C", "2", "-q", "32",
                                   "--prefill", "--span", "256M"]}
 CELLS = {
