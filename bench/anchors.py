@@ -34,6 +34,7 @@ Usage: bench/anchors.py [--rounds N] [--seconds S]
                         [--part anchors|targets|rawio|switches|all]
                         [--clients fio,blkperf] [--workloads SUBSTR,...]
                         [--servers SUBSTR,...] [--size 1G] [--fio-pinned]
+                        [--runs N --gap-minutes M]
                         [--blkd NAME=PATH ...] [--out FILE] [--json FILE]
 """
 
@@ -438,6 +439,73 @@ def part_tables(title, res, baseline):
     return md
 
 
+def run_repeated(title, servers_fn, workloads, a, clients, fill=True):
+    """run_part --runs times, --gap-minutes apart (fresh servers each run):
+    a ratio that holds in one run and not an hour later is the machine's
+    or the client's, not the server's.  Returns [(start UTC, results)]."""
+    out = []
+    for i in range(a.runs):
+        if i:
+            time.sleep(a.gap_minutes * 60)
+        when = time.strftime("%H:%M UTC", time.gmtime())
+        out.append((when, run_part(title, servers_fn, workloads, a.rounds, a.seconds, clients,
+                                   fill)))
+    return out
+
+
+def runs_table(runs, baseline):
+    """Across runs: each run's median rate ratio against the baseline (as
+    the × column shows it, client-bound or not), and how many runs were
+    client-bound."""
+    lines = ["| client | workload | server | × %s rate, per run (%s) | min | median | "
+             "runs client-bound |" % (baseline, ", ".join(w for w, _ in runs)),
+             "|---|---|---|---|---|---|---|"]
+    first = runs[0][1]
+    for client, by_wl in first.items():
+        for wl, by_server in by_wl.items():
+            for name in by_server:
+                if name == baseline:
+                    continue
+                cells, ratios, cb = [], [], 0
+                for _, res in runs:
+                    rs = res.get(client, {}).get(wl, {}).get(name) or []
+                    base = res.get(client, {}).get(wl, {}).get(baseline) or []
+                    if not rs or not base:
+                        cells.append("–")
+                        continue
+                    m, bm = summarise(rs), summarise(base)
+                    key = "mib_s" if m["unit"] == "MiB/s" else "iops"
+                    r, _ = per_round_ratio(rs, base, key)
+                    if r is None:
+                        cells.append("–")
+                        continue
+                    ratios.append(r)
+                    client_bound = "client" in (m["bound"], bm["bound"])
+                    cb += client_bound
+                    invalid = not (m["valid"] and bm["valid"])
+                    cells.append("%.2f%s" % (r, " invalid" if invalid else
+                                             " (client-bound)" if client_bound else ""))
+                lines.append("| %s | %s | %s | %s | %s | %s | %d of %d |" % (
+                    client, wl, name, ", ".join(cells),
+                    "%.2f" % min(ratios) if ratios else "–",
+                    "%.2f" % statistics.median(ratios) if ratios else "–", cb, len(runs)))
+    return "\n".join(lines)
+
+
+def part_output(title, runs, baseline):
+    """Markdown for one part: each run's tables, and with several runs
+    the ratios across them."""
+    md = []
+    for i, (when, res) in enumerate(runs):
+        if len(runs) > 1:
+            md.append("\n## %s, run %d of %d (%s)" % (title, i + 1, len(runs), when))
+        md += part_tables(title, res, baseline)
+    if len(runs) > 1:
+        md.append("\n## %s across the %d runs\n\n%s" % (title, len(runs),
+                                                         runs_table(runs, baseline)))
+    return md
+
+
 def client_table(results):
     """What each server costs fio: its CPU and context switches per
     request (fio's one thread is the limit at QD32, so a server that makes
@@ -482,6 +550,10 @@ def main():
     ap.add_argument("--servers", default=None,
                     help="comma-separated substrings: run only the matching servers")
     ap.add_argument("--size", default=DISK, help="disk size (default 1G)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="repeat the whole part this many times (fresh servers each time)")
+    ap.add_argument("--gap-minutes", type=float, default=0,
+                    help="wait this long between runs (e.g. 12 for five runs over an hour)")
     ap.add_argument("--fio-pinned", action="store_true",
                     help="pin fio apart from the server too (to tell placement from the server)")
     ap.add_argument("--blkd", action="append", default=[], metavar="NAME=PATH",
@@ -512,6 +584,8 @@ def main():
             if line.startswith("model name"):
                 cpu_model = line.split(":", 1)[1].strip()
                 break
+    if a.runs < 1 or a.gap_minutes < 0:
+        ap.error("--runs takes 1 or more, --gap-minutes 0 or more")
     header = ["Machine: %s, %d CPUs, kernel %s; %s; %s; %d rounds of %gs, medians; "
               "load average at start %.2f; a cell starts only when others use "
               "under %.0f%% of the machine (\"*\": one did not)." % (
@@ -520,25 +594,26 @@ def main():
                   a.rounds, a.seconds, os.getloadavg()[0], MAX_BUSY)]
     raw = {"header": header[0]}
     md = list(header)
+
+    def part(title, servers_fn, wls, baseline, fill=True):
+        runs = run_repeated(title, servers_fn, wls, a, clients, fill)
+        raw[title] = runs[0][1] if len(runs) == 1 else [{"start": w, "results": r}
+                                                       for w, r in runs]
+        md.extend(part_output(title, runs, baseline))
+        return runs
+
     if a.part in ("anchors", "all"):
         iperf = [iperf3_mib_s(3) for _ in range(a.rounds)]
         md.append("\niperf3, one TCP stream over loopback: median %.0f MiB/s (%.0f–%.0f)\n" % (
             med(iperf), min(iperf), max(iperf)))
-        res = run_part("anchors", anchor_servers, workloads, a.rounds, a.seconds, clients)
-        raw["anchors"] = res
         raw["iperf3_mib_s"] = iperf
-        md += part_tables("anchors", res, "nbdkit memory")
+        part("anchors", anchor_servers, workloads, "nbdkit memory")
     if a.part == "rawio":
-        res = run_part("rawio", rawio_servers, RAWIO_WORKLOADS, a.rounds, a.seconds, clients,
-                       fill=False)
-        raw["rawio"] = res
-        md += part_tables("rawio", res, "qemu-nbd io_uring direct")
+        part("rawio", rawio_servers, RAWIO_WORKLOADS, "qemu-nbd io_uring direct", fill=False)
     if a.part == "targets":
-        res = run_part("targets", target_servers, workloads, a.rounds, a.seconds, clients)
-        raw["targets"] = res
-        md += part_tables("targets", res, "nbdkit memory")
-        if "fio" in res:
-            md.append("\nWhat each server costs fio:\n\n" + client_table(res["fio"]))
+        runs = part("targets", target_servers, workloads, "nbdkit memory")
+        if "fio" in runs[-1][1]:
+            md.append("\nWhat each server costs fio:\n\n" + client_table(runs[-1][1]["fio"]))
     if a.part in ("switches", "all"):
         sw = []
         for conns in (1, 4, 16, 64):
@@ -546,9 +621,7 @@ def main():
             sw.append(("%d conn × QD%d 4k randread" % (conns, depth),
                        dict(rw="randread", bs="4k", iodepth=depth, numjobs=conns,
                             test="RAND_READ")))
-        res = run_part("switches", switch_servers, sw, a.rounds, a.seconds, clients)
-        raw["switches"] = res
-        md += part_tables("switches", res, "iobuf=pool")
+        part("switches", switch_servers, sw, "iobuf=pool")
     text = "\n".join(md) + "\n"
     print(text)
     if a.out:

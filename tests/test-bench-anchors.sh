@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # make bench-anchors' script: which side limited a run, the "client-bound"
 # and "invalid" labels and the count check, on made-up cells; then one
-# tiny real run (1 round of 1 s, 64 MiB) that must produce both clients'
-# tables with blkd's /metrics count agreeing with fio's and blkperf's.
+# tiny real run (2 runs of 1 round of 1 s, 64 MiB) that must produce both
+# clients' tables with blkd's /metrics count agreeing with fio's and blkperf's.
 # Nothing here is timed: rates are printed, never compared.
 # run.sh: serial (pins processes to CPUs and samples their CPU time)
 . "$(dirname "$0")/lib.sh"
@@ -59,6 +59,17 @@ for name, want in (("nbdkit", "| 1.00 |"), ("blkd", "client-bound: ≥ 2.09 (2.0
         print("row %s lacks %r:\n%s" % (name, want, rows[name])); sys.exit(1)
 if "DISAGREE in 1 of 2" not in rows["bad"] or "| client |" not in rows["blkd"]:
     print("count or bound column wrong:\n" + "\n".join(rows.values())); sys.exit(1)
+
+# Across runs: the second run's blkd is server-bound at 1.5x.
+res2 = {"4k": {"nbdkit": [cell(1, 1000, 0.99, 0.5)], "blkd": [cell(1, 1500, 0.99, 0.6)],
+               "bad": [cell(1, 3000, 0.99, 0.5, count_ok=False)]}}
+rows = {r.split(" | ")[2]: r for r in anchors.runs_table(
+    [("10:00 UTC", {"blkperf": res}), ("11:00 UTC", {"blkperf": res2})],
+    "nbdkit").splitlines()[2:]}
+for name, want in (("blkd", "| 2.09 (client-bound), 1.50 | 1.50 | 1.80 | 1 of 2 |"),
+                   ("bad", "2.86 invalid, 3.00 invalid")):
+    if want not in rows[name]:
+        print("runs row %s lacks %r:\n%s" % (name, want, rows[name])); sys.exit(1)
 print("ok: reporting logic")
 EOF
 
@@ -70,17 +81,19 @@ need taskset
 [ -x "$TOP/blkd" ] || skip "no blkd binary at $TOP/blkd"
 [ -x "$TOP/blkperf" ] || skip "blkperf is not built (make blkperf)"
 timeout 300 "$PY" "$TOP/bench/anchors.py" --part targets --rounds 1 --seconds 1 --size 64M \
-  --max-busy 100 --workloads "4k randread QD32" --servers "nbdkit memory,blkd ram" \
+  --runs 2 --max-busy 100 --workloads "4k randread QD32" --servers "nbdkit memory,blkd ram" \
   --json "$TMP/a.json" --out "$TMP/a.md" >"$TMP/out" 2>"$TMP/err" \
   || { tail -30 "$TMP/err"; fail "bench/anchors.py exited $?"; }
 cat "$TMP/a.md"
 grep -q "^### targets: fio, unpinned" "$TMP/a.md" || fail "no fio table"
 grep -q "^### targets: blkperf, " "$TMP/a.md" || fail "no blkperf table"
+grep -q "^## targets across the 2 runs" "$TMP/a.md" || fail "no table across the runs"
 "$PY" - "$TMP/a.json" "$(nproc)" <<'EOF' || fail "anchors' JSON"
 import json, sys
-d, ncpu = json.load(open(sys.argv[1]))["targets"], int(sys.argv[2])
-for client in ("fio", "blkperf"):
-    cells = d[client]["4k randread QD32"]
+runs, ncpu = json.load(open(sys.argv[1]))["targets"], int(sys.argv[2])
+assert len(runs) == 2, len(runs)
+for client, run in (("fio", 0), ("blkperf", 0), ("fio", 1), ("blkperf", 1)):
+    cells = runs[run]["results"][client]["4k randread QD32"]
     for server in ("nbdkit memory", "blkd ram"):
         (r,) = cells[server]
         assert r["requests"] > 0 and r["srv_us_req"] > 0, (client, server, r)
