@@ -56,7 +56,6 @@ enum iobuf_mode { IOBUF_POOL, IOBUF_CALLOC };
 enum queue_mode { QUEUE_SPLIT, QUEUE_GLOBAL };
 enum dispatch_mode { DISPATCH_AUTO, DISPATCH_INLINE, DISPATCH_WORKER };
 enum tls_mode { TLS_OFF, TLS_ON, TLS_REQUIRE };
-enum tls_seal { TLS_SEAL_BLKD, TLS_SEAL_OPENSSL };
 enum delayacct_mode { DELAYACCT_COMPACT, DELAYACCT_LOCKED, DELAYACCT_OFF };
 enum cache_mode { CACHE_WRITETHROUGH, CACHE_WRITEBACK };
 /* --sparse-reads; NO and YES are what nbdkit_parse_bool returns. */
@@ -101,7 +100,6 @@ struct blkd_config {
   const char *tls_certificates;   /* dir with ca-cert.pem, server-cert.pem, server-key.pem */
   const char *tls_psk;            /* psktool file: username:hexkey */
   bool tls_verify_peer;
-  enum tls_seal tls_seal;         /* who seals TLS 1.3 records we send */
   const char *tls_suites;         /* --tls-suites: TLS 1.3 order (NULL: ours) */
 
   /* Observability (metrics.c, delayacct.c). */
