@@ -166,6 +166,7 @@ usage (FILE *f)
 "      --tls-certificates DIR  ca-cert.pem, server-cert.pem, server-key.pem\n"
 "      --tls-verify-peer  client certificates must chain to the CA\n"
 "      --tls-psk FILE     pre-shared keys, psktool's username:hexkey format\n"
+"      --tls-seal WHO     ignored (older command lines): OpenSSL seals every record\n"
 "      --tls-suites LIST  TLS 1.3 suites in order of preference (OpenSSL's\n"
 "                         names joined by ':'; default AES-128-GCM first)\n"
 "\n"
