@@ -71,6 +71,9 @@ struct blkd_config {
   bool foreground;                /* -f */
   bool readonly;                  /* -r */
   bool socket_activated;          /* LISTEN_FDS was set for us */
+  bool quiet;                     /* no start-up lines on stderr: run by another
+                                     program (--run, -s, socket activation,
+                                     -U -) and no -v; nbdkit says nothing then */
   bool single;                    /* -s: one client on stdin/stdout, no listener */
   bool vsock;                     /* --vsock: listen on AF_VSOCK, -p is the port */
   int ip_family;                  /* -4/-6: AF_INET, AF_INET6; 0: both */

@@ -677,6 +677,15 @@ main (int argc, char **argv)
     return EXIT_FAILURE;
   }
   debug_flags_warn_unused ();
+  /* Quiet like nbdkit: started by another program (--run's command, a
+   * client over -s, socket activation, which is how `nbdinfo -- [ blkd
+   * ... ]` runs us, a private -U - socket), a start-up line on stderr
+   * only lands in that program's output.  Warnings and errors still
+   * print; -v brings the start-up lines back. */
+  const char *listen_pid = getenv ("LISTEN_PID");
+  cfg.quiet = !log_verbose
+    && (cfg.run_cmd || cfg.single || (cfg.unix_path && strcmp (cfg.unix_path, "-") == 0)
+        || (listen_pid && getenv ("LISTEN_FDS") && atol (listen_pid) == getpid ()));
   /* TLS files are checked before we bind or fork: a bad key is a loud
    * start-up error, not a handshake failure on every connection. */
   if (cfg.tls != TLS_OFF && tls_setup () == -1) {
@@ -763,8 +772,9 @@ main (int argc, char **argv)
     exit_code = EXIT_FAILURE;
     goto out_events;
   }
-  if (!cfg.run_cmd && !cfg.single)
-    log_info ("serving %s on %s (%d shards)", plugin_name (), listen_uri (), cfg.shards);
+  if (!cfg.quiet)
+    log_info ("serving %s on %s (%d shards)", plugin_name (),
+              cfg.single ? "stdin/stdout" : listen_uri (), cfg.shards);
   if (daemon_ready_fd >= 0) {
     if (write (daemon_ready_fd, "", 1) != 1)
       log_warn ("could not tell the parent we are ready: %m");

@@ -604,6 +604,8 @@ tlsctx_setup (void)
   if (!ctx)
     return -1;
 
+  if (cfg.quiet)
+    return 0;
   fprintf (stderr, "blkd: TLS %s: TLS 1.2-1.3 with %s%s%s%s; %s\n",
            cfg.tls == TLS_REQUIRE ? "required" : "offered",
            cfg.tls_certificates ? "X.509 certificates from " : "",
