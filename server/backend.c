@@ -12,6 +12,12 @@
 #include "backend.h"
 #include "blkd-plugin.h"
 
+_Static_assert (BACKEND_SERIALIZE_CONNECTIONS == NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS
+                && BACKEND_SERIALIZE_ALL_REQUESTS == NBDKIT_THREAD_MODEL_SERIALIZE_ALL_REQUESTS
+                && BACKEND_SERIALIZE_REQUESTS == NBDKIT_THREAD_MODEL_SERIALIZE_REQUESTS
+                && BACKEND_PARALLEL == NBDKIT_THREAD_MODEL_PARALLEL,
+                "internal.h's thread models are nbdkit's");
+
 struct backend *backend_top;
 int backend_model = NBDKIT_THREAD_MODEL_PARALLEL;
 pthread_mutex_t backend_all_requests_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -386,37 +392,101 @@ backend_block_size (struct context *c, uint32_t *min, uint32_t *pref, uint32_t *
   return 0;
 }
 
-/* A cached answer, asked once.  Write-dependent ones are 0 on a
- * read-only context without asking, as nbdkit does. */
-#define CACHED_CAN(field, needs)                                        \
-  int                                                                   \
-  backend_##field (struct context *c)                                   \
-  {                                                                     \
-    if (c->field == -1) {                                               \
-      int r_ = needs;                                                   \
-      if (r_ != 1) {                                                    \
-        if (r_ == -1)                                                   \
-          return -1;                                                    \
-        c->field = 0;                                                   \
-      }                                                                 \
-      else                                                              \
-        c->field = c->b->field (c);                                     \
-    }                                                                   \
-    return c->field;                                                    \
-  }
+/* The can_* answers, asked of the layer once per context and cached, as
+ * nbdkit does.  Those that need writing are 0 on a read-only context
+ * without asking (`needs` is backend_can_write's answer); a failure (-1)
+ * is not cached, so the next call asks again. */
+static inline int
+ask_if (struct context *c, int needs, int (*ask) (struct context *))
+{
+  if (needs == 1)
+    return ask (c);
+  return needs == -1 ? -1 : 0;
+}
 
-CACHED_CAN (can_write, 1)
-CACHED_CAN (can_flush, 1)
-CACHED_CAN (is_rotational, 1)
-CACHED_CAN (can_trim, backend_can_write (c))
-CACHED_CAN (can_zero, backend_can_write (c))
-CACHED_CAN (can_fast_zero, backend_can_zero (c) >= NBDKIT_ZERO_EMULATE ? 1
-                           : backend_can_zero (c) < 0 ? -1 : 0)
-CACHED_CAN (can_extents, 1)
-CACHED_CAN (can_fua, backend_can_write (c))
-CACHED_CAN (can_multi_conn, 1)
-CACHED_CAN (can_cache, 1)
-#undef CACHED_CAN
+int
+backend_can_write (struct context *c)
+{
+  if (c->can_write == -1)
+    c->can_write = c->b->can_write (c);
+  return c->can_write;
+}
+
+int
+backend_can_flush (struct context *c)
+{
+  if (c->can_flush == -1)
+    c->can_flush = c->b->can_flush (c);
+  return c->can_flush;
+}
+
+int
+backend_is_rotational (struct context *c)
+{
+  if (c->is_rotational == -1)
+    c->is_rotational = c->b->is_rotational (c);
+  return c->is_rotational;
+}
+
+int
+backend_can_trim (struct context *c)
+{
+  if (c->can_trim == -1)
+    c->can_trim = ask_if (c, backend_can_write (c), c->b->can_trim);
+  return c->can_trim;
+}
+
+int
+backend_can_zero (struct context *c)
+{
+  if (c->can_zero == -1)
+    c->can_zero = ask_if (c, backend_can_write (c), c->b->can_zero);
+  return c->can_zero;
+}
+
+/* Fast zero needs zeroing at all (native or emulated). */
+int
+backend_can_fast_zero (struct context *c)
+{
+  if (c->can_fast_zero == -1) {
+    int zero = backend_can_zero (c);
+    int needs = zero < 0 ? -1 : zero >= NBDKIT_ZERO_EMULATE;
+    c->can_fast_zero = ask_if (c, needs, c->b->can_fast_zero);
+  }
+  return c->can_fast_zero;
+}
+
+int
+backend_can_extents (struct context *c)
+{
+  if (c->can_extents == -1)
+    c->can_extents = c->b->can_extents (c);
+  return c->can_extents;
+}
+
+int
+backend_can_fua (struct context *c)
+{
+  if (c->can_fua == -1)
+    c->can_fua = ask_if (c, backend_can_write (c), c->b->can_fua);
+  return c->can_fua;
+}
+
+int
+backend_can_multi_conn (struct context *c)
+{
+  if (c->can_multi_conn == -1)
+    c->can_multi_conn = c->b->can_multi_conn (c);
+  return c->can_multi_conn;
+}
+
+int
+backend_can_cache (struct context *c)
+{
+  if (c->can_cache == -1)
+    c->can_cache = c->b->can_cache (c);
+  return c->can_cache;
+}
 
 /* ---- the request path ----------------------------------------------- */
 

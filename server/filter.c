@@ -234,46 +234,192 @@ filter_finalize (struct context *c)
   return 0;
 }
 
-/* Every other callback: the filter's if it has one, else the same call on
- * the layer below.  The arguments after `params` are those that follow
- * (next, handle). */
-#define PASS(ret, op, params, ...)                                      \
-  static ret                                                            \
-  filter_##op params                                                    \
-  {                                                                     \
-    const struct nbdkit_filter *f_ = F (c->b);                          \
-    if (f_->op)                                                         \
-      return AS_CALLER (c, f_->op (c->c_next, c->handle, ##__VA_ARGS__)); \
-    return backend_##op (c->c_next, ##__VA_ARGS__);                     \
-  }
-PASS (const char *, export_description, (struct context *c))
-PASS (int64_t, get_size, (struct context *c))
-PASS (int, block_size, (struct context *c, uint32_t *min, uint32_t *pref, uint32_t *max),
-      min, pref, max)
-PASS (int, can_write, (struct context *c))
-PASS (int, can_flush, (struct context *c))
-PASS (int, is_rotational, (struct context *c))
-PASS (int, can_trim, (struct context *c))
-PASS (int, can_zero, (struct context *c))
-PASS (int, can_fast_zero, (struct context *c))
-PASS (int, can_extents, (struct context *c))
-PASS (int, can_fua, (struct context *c))
-PASS (int, can_multi_conn, (struct context *c))
-PASS (int, can_cache, (struct context *c))
-PASS (int, pread, (struct context *c, void *buf, uint32_t count, uint64_t offset,
-                   uint32_t flags, int *err), buf, count, offset, flags, err)
-PASS (int, pwrite, (struct context *c, const void *buf, uint32_t count, uint64_t offset,
-                    uint32_t flags, int *err), buf, count, offset, flags, err)
-PASS (int, flush, (struct context *c, uint32_t flags, int *err), flags, err)
-PASS (int, trim, (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
-                  int *err), count, offset, flags, err)
-PASS (int, zero, (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
-                  int *err), count, offset, flags, err)
-PASS (int, extents, (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
-                     struct nbdkit_extents *e, int *err), count, offset, flags, e, err)
-PASS (int, cache, (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
-                   int *err), count, offset, flags, err)
-#undef PASS
+/* Every other callback: the filter's if it has one (called as the
+ * filter's context, with the layer below as `next`), else the same call
+ * straight on the layer below. */
+
+static const char *
+filter_export_description (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->export_description)
+    return AS_CALLER (c, f->export_description (c->c_next, c->handle));
+  return backend_export_description (c->c_next);
+}
+
+static int64_t
+filter_get_size (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->get_size)
+    return AS_CALLER (c, f->get_size (c->c_next, c->handle));
+  return backend_get_size (c->c_next);
+}
+
+static int
+filter_block_size (struct context *c, uint32_t *min, uint32_t *pref, uint32_t *max)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->block_size)
+    return AS_CALLER (c, f->block_size (c->c_next, c->handle, min, pref, max));
+  return backend_block_size (c->c_next, min, pref, max);
+}
+
+static int
+filter_can_write (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_write)
+    return AS_CALLER (c, f->can_write (c->c_next, c->handle));
+  return backend_can_write (c->c_next);
+}
+
+static int
+filter_can_flush (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_flush)
+    return AS_CALLER (c, f->can_flush (c->c_next, c->handle));
+  return backend_can_flush (c->c_next);
+}
+
+static int
+filter_is_rotational (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->is_rotational)
+    return AS_CALLER (c, f->is_rotational (c->c_next, c->handle));
+  return backend_is_rotational (c->c_next);
+}
+
+static int
+filter_can_trim (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_trim)
+    return AS_CALLER (c, f->can_trim (c->c_next, c->handle));
+  return backend_can_trim (c->c_next);
+}
+
+static int
+filter_can_zero (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_zero)
+    return AS_CALLER (c, f->can_zero (c->c_next, c->handle));
+  return backend_can_zero (c->c_next);
+}
+
+static int
+filter_can_fast_zero (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_fast_zero)
+    return AS_CALLER (c, f->can_fast_zero (c->c_next, c->handle));
+  return backend_can_fast_zero (c->c_next);
+}
+
+static int
+filter_can_extents (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_extents)
+    return AS_CALLER (c, f->can_extents (c->c_next, c->handle));
+  return backend_can_extents (c->c_next);
+}
+
+static int
+filter_can_fua (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_fua)
+    return AS_CALLER (c, f->can_fua (c->c_next, c->handle));
+  return backend_can_fua (c->c_next);
+}
+
+static int
+filter_can_multi_conn (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_multi_conn)
+    return AS_CALLER (c, f->can_multi_conn (c->c_next, c->handle));
+  return backend_can_multi_conn (c->c_next);
+}
+
+static int
+filter_can_cache (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_cache)
+    return AS_CALLER (c, f->can_cache (c->c_next, c->handle));
+  return backend_can_cache (c->c_next);
+}
+
+static int
+filter_pread (struct context *c, void *buf, uint32_t count, uint64_t offset, uint32_t flags,
+              int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->pread)
+    return AS_CALLER (c, f->pread (c->c_next, c->handle, buf, count, offset, flags, err));
+  return backend_pread (c->c_next, buf, count, offset, flags, err);
+}
+
+static int
+filter_pwrite (struct context *c, const void *buf, uint32_t count, uint64_t offset,
+               uint32_t flags, int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->pwrite)
+    return AS_CALLER (c, f->pwrite (c->c_next, c->handle, buf, count, offset, flags, err));
+  return backend_pwrite (c->c_next, buf, count, offset, flags, err);
+}
+
+static int
+filter_flush (struct context *c, uint32_t flags, int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->flush)
+    return AS_CALLER (c, f->flush (c->c_next, c->handle, flags, err));
+  return backend_flush (c->c_next, flags, err);
+}
+
+static int
+filter_trim (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->trim)
+    return AS_CALLER (c, f->trim (c->c_next, c->handle, count, offset, flags, err));
+  return backend_trim (c->c_next, count, offset, flags, err);
+}
+
+static int
+filter_zero (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->zero)
+    return AS_CALLER (c, f->zero (c->c_next, c->handle, count, offset, flags, err));
+  return backend_zero (c->c_next, count, offset, flags, err);
+}
+
+static int
+filter_extents (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                struct nbdkit_extents *e, int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->extents)
+    return AS_CALLER (c, f->extents (c->c_next, c->handle, count, offset, flags, e, err));
+  return backend_extents (c->c_next, count, offset, flags, e, err);
+}
+
+static int
+filter_cache (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->cache)
+    return AS_CALLER (c, f->cache (c->c_next, c->handle, count, offset, flags, err));
+  return backend_cache (c->c_next, count, offset, flags, err);
+}
 
 static const struct backend filter_ops = {
   .type = "filter",

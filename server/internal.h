@@ -174,14 +174,22 @@ const char *backend_conn_export_description (struct backend_conn *bc);
  * workers, so it takes the all-requests lock too (nbdkit: "all requests
  * happen from one thread").  PARALLEL needs nothing: the common case is
  * two compares. */
+/* nbdkit's NBDKIT_THREAD_MODEL_* values, named for the files that do not
+ * include nbdkit's headers (backend.c checks that they agree). */
+enum backend_thread_model {
+  BACKEND_SERIALIZE_CONNECTIONS = 0,
+  BACKEND_SERIALIZE_ALL_REQUESTS = 1,
+  BACKEND_SERIALIZE_REQUESTS = 2,
+  BACKEND_PARALLEL = 3,
+};
 extern int backend_model;
 extern pthread_mutex_t backend_all_requests_lock;
 static inline void
 backend_lock_request (struct backend_conn *bc)
 {
-  if (__builtin_expect (backend_model <= 1 /* SERIALIZE_{CONNECTIONS,ALL_REQUESTS} */, 0))
+  if (__builtin_expect (backend_model <= BACKEND_SERIALIZE_ALL_REQUESTS, 0))
     pthread_mutex_lock (&backend_all_requests_lock);
-  else if (__builtin_expect (backend_model == 2 /* SERIALIZE_REQUESTS */, 0))
+  else if (__builtin_expect (backend_model == BACKEND_SERIALIZE_REQUESTS, 0))
     pthread_mutex_lock (&bc->request_lock);
   public_current = &bc->ctx;
   public_last_error = 0;          /* only this request's nbdkit_set_error counts */
@@ -191,9 +199,9 @@ static inline void
 backend_unlock_request (struct backend_conn *bc)
 {
   public_current = NULL;
-  if (__builtin_expect (backend_model <= 1, 0))
+  if (__builtin_expect (backend_model <= BACKEND_SERIALIZE_ALL_REQUESTS, 0))
     pthread_mutex_unlock (&backend_all_requests_lock);
-  else if (__builtin_expect (backend_model == 2, 0))
+  else if (__builtin_expect (backend_model == BACKEND_SERIALIZE_REQUESTS, 0))
     pthread_mutex_unlock (&bc->request_lock);
 }
 

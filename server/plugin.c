@@ -229,10 +229,11 @@ plugin_dump (struct backend *b)
   static const char *const models[] = { "serialize_connections",
     "serialize_all_requests", "serialize_requests", "parallel" };
   int stack_model = backend_thread_model ();
-  printf ("max_thread_model=%s\n", p._thread_model >= 0 && p._thread_model <= 3
+  printf ("max_thread_model=%s\n", p._thread_model >= NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS
+          && p._thread_model <= NBDKIT_THREAD_MODEL_PARALLEL
           ? models[p._thread_model] : "unknown");
-  printf ("thread_model=%s\n", stack_model >= 0 && stack_model <= 3
-          ? models[stack_model] : "unknown");
+  printf ("thread_model=%s\n", stack_model >= NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS
+          && stack_model <= NBDKIT_THREAD_MODEL_PARALLEL ? models[stack_model] : "unknown");
   printf ("errno_is_preserved=%d\n", p.errno_is_preserved);
   if (p.magic_config_key)
     printf ("magic_config_key=%s\n", p.magic_config_key);
