@@ -1,7 +1,7 @@
-/* The layer stack: builds protocol → filters → cache → plugin, routes the
- * configuration through it, and runs every call on a context with
+/* The layer stack's calls: every call on a layer or a context, with
  * nbdkit's rules (cached can_* answers, range checks, zero and cache
- * emulation) whatever layer answers it. */
+ * emulation) whatever layer answers it, and each connection's view of
+ * the stack.  stack.c builds the stack. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -22,183 +22,34 @@ struct backend *backend_top;
 int backend_model = NBDKIT_THREAD_MODEL_PARALLEL;
 pthread_mutex_t backend_all_requests_lock = PTHREAD_MUTEX_INITIALIZER;
 __thread struct context *backend_current_ctx;
-static bool stack_inline_safe;
+bool backend_stack_inline;
 
 /* Zeros for emulated WRITE_ZEROES, and a sink for emulated CACHE. */
 #define EMUL_BUF_SIZE (1024 * 1024)
 static void *zero_buf, *sink_buf;
 
 int backend_thread_model (void) { return backend_model; }
-bool backend_inline_safe (void) { return stack_inline_safe; }
-
-bool
-backend_valid_name (const char *name)
-{
-  if (!name || !((name[0] >= 'a' && name[0] <= 'z') || (name[0] >= 'A' && name[0] <= 'Z')
-                 || (name[0] >= '0' && name[0] <= '9')))
-    return false;
-  for (const char *s = name; *s; s++)
-    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')
-          || (*s >= '0' && *s <= '9') || *s == '-'))
-      return false;
-  return true;
-}
-
-/* A name with a '/' or ending in .so is a path; otherwise look for
- * nbdkit-NAME-KIND.so in tree_dir/NAME/ (next to the running binary),
- * then blkd's directory, then nbdkit's.  NULL if none is readable. */
-char *
-backend_find_so (const char *name, const char *kind, const char *tree_dir,
-                 const char *blkd_dir, const char *nbdkit_dir)
-{
-  size_t len = strlen (name);
-  if (strchr (name, '/') || (len > 3 && strcmp (name + len - 3, ".so") == 0)) {
-    char *resolved = realpath (name, NULL);
-    return resolved ? resolved : strdup (name);
-  }
-  char *exe = plugin_exe_dir ();
-  char *path = NULL;
-  for (int i = 0; i < 3; i++) {
-    int r;
-    if (i == 0)
-      r = exe ? asprintf (&path, "%s/%s/%s/nbdkit-%s-%s.so", exe, tree_dir, name, name, kind)
-              : -1;
-    else
-      r = asprintf (&path, "%s/nbdkit-%s-%s.so", i == 1 ? blkd_dir : nbdkit_dir, name, kind);
-    if (r < 0) {
-      path = NULL;
-      continue;
-    }
-    if (access (path, R_OK) == 0)
-      break;
-    free (path);
-    path = NULL;
-  }
-  free (exe);
-  return path;
-}
-
-/* ---- building the stack --------------------------------------------- */
+bool backend_inline_safe (void) { return backend_stack_inline; }
 
 int
-backend_stack_load (const char *plugin, const char *const *filters, int nfilters,
-                    int argc, char **argv)
+backend_buffers_alloc (void)
 {
-  struct backend *b = plugin_layer_load (plugin);
-  if (!b)
-    return -1;
-  backend_top = b;
-  if (cfg.cache_size) {
-    if (!(b = cache_layer_new (backend_top)))
-      return -1;
-    backend_top = b;
-  }
-  /* The first named is outermost, so load from the last. */
-  for (int i = nfilters - 1; i >= 0; i--) {
-    if (!(b = filter_layer_load (backend_top, filters[i])))
-      return -1;
-    backend_top = b;
-  }
-
-  /* key=value arguments go to the outermost layer, which keeps the keys
-   * it knows and passes on the rest; a bare one is the plugin's
-   * magic_config_key ("memory 1G" means "memory size=1G"). */
-  const char *magic = backend_top->magic_config_key (backend_top);
-  for (int i = 0; i < argc; i++) {
-    char *eq = strchr (argv[i], '=');
-    const char *key, *value;
-    /* Split in place, as nbdkit does: layers keep the key and value
-     * pointers (the eval plugin does), so they must live for ever. */
-    if (eq && eq != argv[i]) {
-      *eq = '\0';
-      key = argv[i];
-      value = eq + 1;
-    }
-    else {
-      if (!magic) {
-        fprintf (stderr, "blkd: %s: argument '%s' is not key=value and the plugin "
-                 "has no magic config key\n", plugin_name (), argv[i]);
-        return -1;
-      }
-      key = magic;
-      value = argv[i];
-    }
-    if (backend_config (backend_top, key, value) == -1)
-      return -1;
-  }
-  if (backend_config_complete (backend_top) == -1)
-    return -1;
-  backend_model = backend_top->thread_model (backend_top);
-  if (backend_model < 0) {
-    fprintf (stderr, "blkd: thread_model failed\n");
-    return -1;
-  }
-  if (backend_top->get_ready (backend_top) == -1)
-    return -1;
-  public_config_done = true;
-
-  stack_inline_safe = true;
-  for (b = backend_top; b; b = b->next)
-    stack_inline_safe &= b->inline_safe;
-
   zero_buf = calloc (1, EMUL_BUF_SIZE);
   sink_buf = malloc (EMUL_BUF_SIZE);
   if (!zero_buf || !sink_buf) {
-    fprintf (stderr, "blkd: out of memory\n");
+    backend_buffers_free ();
+    errno = ENOMEM;
     return -1;
   }
   return 0;
 }
 
-int
-backend_stack_dump (const char *plugin, const char *const *filters, int nfilters)
-{
-  struct backend *b = plugin_layer_load (plugin);
-  int err = 0;
-  if (!b)
-    return -1;
-  backend_top = b;
-  for (int i = nfilters - 1; i >= 0; i--) {
-    if (!(b = filter_layer_load (backend_top, filters[i]))) {
-      err = -1;
-      break;
-    }
-    backend_top = b;
-  }
-  if (err == 0) {
-    backend_model = backend_top->thread_model (backend_top);
-    for (b = backend_top; b; b = b->next)
-      if (!b->next)
-        b->dump (b);              /* the plugin's fields, as nbdkit prints them */
-    /* Then the filters, outermost first (nbdkit lists only the plugin). */
-    for (b = backend_top; b && b->next; b = b->next)
-      b->dump (b);
-    fflush (stdout);
-  }
-  backend_stack_unload ();
-  return err;
-}
-
-int
-backend_stack_after_fork (void)
-{
-  return backend_top ? backend_top->after_fork (backend_top) : 0;
-}
-
 void
-backend_stack_unload (void)
+backend_buffers_free (void)
 {
-  if (backend_top && public_config_done)
-    backend_top->cleanup (backend_top);       /* outer to inner */
-  while (backend_top) {
-    struct backend *b = backend_top;
-    backend_top = b->next;
-    b->unload (b);                            /* frees b */
-  }
   free (zero_buf);
   free (sink_buf);
   zero_buf = sink_buf = NULL;
-  public_release_global ();
 }
 
 /* ---- calls on a layer ---------------------------------------------- */
@@ -878,40 +729,4 @@ backend_conn_export_description (struct backend_conn *bc)
   const char *d = backend_export_description (bc->top);
   backend_unlock_request (bc);
   return d;
-}
-
-/* ---- contexts for filters (public.c's nbdkit_next_context_* etc.) ---- */
-
-/* A context of the layer below the one being opened or running.  Not
- * prepared: the filter calls next->prepare, as with nbdkit. */
-struct context *
-backend_next_context_open (struct backend *b, int readonly, const char *exportname,
-                           int shared)
-{
-  struct context *cur = backend_current_ctx;
-  if (!b) {
-    nbdkit_error ("nbdkit_next_context_open: no backend");
-    return NULL;
-  }
-  if (cur && b != cur->b->next) {
-    nbdkit_error ("nbdkit_next_context_open: not the layer below the caller");
-    return NULL;
-  }
-  return backend_open (b, readonly, exportname, shared || !cur || !cur->conn);
-}
-
-struct backend *
-backend_context_below (struct context *c)
-{
-  return c ? c->b->next : NULL;
-}
-
-struct context *
-backend_context_swap_next (struct context *c, struct context *next)
-{
-  if (!c || (next && next->b != c->b->next))
-    return NULL;
-  struct context *old = c->c_next;
-  c->c_next = next;
-  return old;
 }

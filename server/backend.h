@@ -124,19 +124,27 @@ struct backend {
                         struct blkd_lend *dst, bool ok, int *err);
 };
 
-/* ---- building the stack (backend.c, main thread) -------------------- */
+/* ---- the stack (built by stack.c, main thread) ---------------------- */
 
-/* The outermost layer; NULL before backend_stack_load. */
+/* The outermost layer; NULL before backend_stack_load (stack.c, declared
+ * in internal.h: main.c calls it), which also sets backend_model
+ * (internal.h) and backend_stack_inline (every layer inline-safe). */
 extern struct backend *backend_top;
+extern bool backend_stack_inline;
+/* The buffers zero and cache emulation use (backend.c): -1 with errno. */
+int backend_buffers_alloc (void);
+void backend_buffers_free (void);
 
-/* backend_stack_load etc. are in internal.h: main.c calls them. */
+/* Finding a layer's .so (layerpath.c): a name with a '/' or ending in .so
+ * is a path; otherwise nbdkit-NAME-KIND.so in tree_dir/NAME/ next to the
+ * running binary, then blkd_dir, then nbdkit_dir.  NULL if none is
+ * readable.  layer_valid_name: nbdkit's rule for plugin and filter names. */
+char *layer_find_so (const char *name, const char *kind, const char *tree_dir,
+                     const char *blkd_dir, const char *nbdkit_dir);
+bool layer_valid_name (const char *name);
 
-/* Helpers the layer files share. */
-char *backend_find_so (const char *name, const char *kind, const char *tree_dir,
-                       const char *blkd_dir, const char *nbdkit_dir);
-bool backend_valid_name (const char *name);
-
-/* The layer constructors: each returns the new layer on top of `next`. */
+/* The layer constructors (stack.c calls them): each returns the new layer
+ * on top of `next`. */
 struct backend *plugin_layer_load (const char *name);             /* plugin.c */
 struct backend *cache_layer_new (struct backend *next);           /* cache.c */
 struct backend *filter_layer_load (struct backend *next, const char *name); /* filter.c */
@@ -202,15 +210,8 @@ int backend_pwrite_place (struct context *c, uint32_t count, uint64_t offset, ui
 int backend_pwrite_commit (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
                            struct blkd_lend *dst, bool ok, int *err);
 
-/* For public.c's nbdkit_next_context_open/close, nbdkit_context_get_backend
- * and nbdkit_context_set_next. */
-struct context *backend_next_context_open (struct backend *b, int readonly,
-                                           const char *exportname, int shared);
-struct backend *backend_context_below (struct context *c);
-struct context *backend_context_swap_next (struct context *c, struct context *next);
-
-/* The thread-local context that nbdkit_next_context_open checks against,
- * set around each layer's .open as nbdkit does. */
+/* The thread-local context that nbdkit_next_context_open (filter.c)
+ * checks against, set around each layer's .open as nbdkit does. */
 extern __thread struct context *backend_current_ctx;
 
 #endif

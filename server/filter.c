@@ -191,15 +191,60 @@ filter_default_export (struct backend *b, int readonly, int is_tls)
     r_;                                                                 \
   })
 
+/* ---- contexts, for filters (nbdkit's API: nbdkit-filter.h) ---------- */
+
+/* A context of the layer below the one being opened or running.  Not
+ * prepared: the filter calls next->prepare, as with nbdkit.  Tied to the
+ * calling context's connection unless shared (a background or
+ * cross-connection context, as nbdkit's). */
+PUBLIC_API nbdkit_next *
+nbdkit_next_context_open (nbdkit_backend *b, int readonly, const char *exportname,
+                          int shared)
+{
+  struct context *cur = backend_current_ctx;
+  if (!b) {
+    nbdkit_error ("nbdkit_next_context_open: no backend");
+    return NULL;
+  }
+  if (cur && b != cur->b->next) {
+    nbdkit_error ("nbdkit_next_context_open: not the layer below the caller");
+    return NULL;
+  }
+  return backend_open (b, readonly, exportname, shared || !cur || !cur->conn);
+}
+
+PUBLIC_API void
+nbdkit_next_context_close (nbdkit_next *next)
+{
+  if (next)
+    backend_close (next);
+}
+
+PUBLIC_API nbdkit_backend *
+nbdkit_context_get_backend (nbdkit_context *c)
+{
+  return c ? c->b->next : NULL;
+}
+
+PUBLIC_API nbdkit_next *
+nbdkit_context_set_next (nbdkit_context *c, nbdkit_next *next)
+{
+  if (!c || (next && next->b != c->b->next))
+    return NULL;
+  struct context *old = c->c_next;
+  c->c_next = next;
+  return old;
+}
+
 /* What a filter's .open calls as `next`: open the layer below, tied to
  * this context's connection, and make it this context's next. */
 static int
 next_open (struct context *c, int readonly, const char *exportname)
 {
-  struct context *n = backend_next_context_open (c->b->next, readonly, exportname, 0);
+  struct context *n = nbdkit_next_context_open (c->b->next, readonly, exportname, 0);
   if (!n)
     return -1;
-  backend_context_swap_next (c, n);
+  nbdkit_context_set_next (c, n);
   return 0;
 }
 
@@ -483,7 +528,7 @@ filter_layer_load (struct backend *next, const char *name)
   struct backend *b = &fl->b;
   b->next = next;
   b->i = next->i + 1;
-  b->filename = backend_find_so (name, "filter", "filters", BLKD_FILTERDIR,
+  b->filename = layer_find_so (name, "filter", "filters", BLKD_FILTERDIR,
                                  NBDKIT_FILTERDIR);
   if (!b->filename) {
     fprintf (stderr, "blkd: filter '%s' not found (looked in the tree, %s and %s)\n",
@@ -523,7 +568,7 @@ filter_layer_load (struct backend *next, const char *name)
     goto fail;
   }
   fl->f = *theirs;
-  if (!backend_valid_name (fl->f.name)) {
+  if (!layer_valid_name (fl->f.name)) {
     fprintf (stderr, "blkd: %s: filter name is missing or invalid\n", b->filename);
     goto fail;
   }

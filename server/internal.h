@@ -146,7 +146,7 @@ struct backend_conn {
   struct public_conn_ctx ctx;
 };
 
-/* Start-up and shutdown (main thread); -1 after printing why. */
+/* Start-up and shutdown (stack.c, main thread); -1 after printing why. */
 int backend_stack_load (const char *plugin, const char *const *filters, int nfilters,
                         int argc, char **argv);
 int backend_stack_dump (const char *plugin, const char *const *filters, int nfilters);
@@ -154,7 +154,6 @@ int backend_stack_after_fork (void);
 void backend_stack_unload (void);
 int plugin_help (const char *name);   /* PLUGIN --help: nbdkit's plugin usage */
 const char *plugin_name (void);
-char *plugin_exe_dir (void);      /* malloc'd; NULL if /proc/self/exe fails */
 int backend_thread_model (void);  /* the strictest of all layers */
 bool backend_inline_safe (void);  /* every layer fast enough for the shard thread */
 

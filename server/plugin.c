@@ -44,26 +44,10 @@ static const char *const inline_plugins[] = {
 
 const char *plugin_name (void) { return p.name; }
 
-/* Directory of the running executable, so an uninstalled ./blkd finds the
- * in-tree plugins and filters next to it. */
-char *
-plugin_exe_dir (void)
-{
-  char buf[PATH_MAX];
-  ssize_t n = readlink ("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0)
-    return NULL;
-  buf[n] = '\0';
-  char *slash = strrchr (buf, '/');
-  if (slash)
-    *slash = '\0';
-  return strdup (buf);
-}
-
 static int
 plugin_open_dl (const char *name)
 {
-  layer.filename = backend_find_so (name, "plugin", "plugins", BLKD_PLUGINDIR,
+  layer.filename = layer_find_so (name, "plugin", "plugins", BLKD_PLUGINDIR,
                                     NBDKIT_PLUGINDIR);
   if (!layer.filename) {
     fprintf (stderr, "blkd: plugin '%s' not found (looked in the tree, %s and %s)\n",
@@ -97,7 +81,7 @@ plugin_open_dl (const char *name)
   memset (&p, 0, sizeof p);
   size_t n = theirs->_struct_size < sizeof p ? theirs->_struct_size : sizeof p;
   memcpy (&p, theirs, n);
-  if (!backend_valid_name (p.name)) {
+  if (!layer_valid_name (p.name)) {
     fprintf (stderr, "blkd: %s: plugin name is missing or invalid\n", path);
     return -1;
   }
