@@ -6,43 +6,10 @@
  * nothing), and zero copy as a layer operation: lent and placed through
  * the plugin alone, "not supported" through the cache or a filter. */
 #include <errno.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
 
-#include "../server/backend.h"
 #include "blkd-plugin.h"
 #include "unit.h"
-
-#define KiB 1024
-#define MiB (1024 * 1024)
-
-/* Run from the top of the tree (tests/run.sh does). */
-static const char ram_so[] = "plugins/ram/nbdkit-ram-plugin.so";
-
-/* The arguments are split in place and kept by the layers, as nbdkit's
- * are: each load gets its own writable copy, freed at exit. */
-static char *args[8];
-static int nargs;
-
-static char **
-argv_of (const char *arg)
-{
-  args[nargs] = strdup (arg);
-  return &args[nargs++];
-}
-
-static int
-load (const char *const *filters, int nfilters, const char *arg)
-{
-  return backend_stack_load (ram_so, filters, nfilters, 1, argv_of (arg));
-}
-
-/* One call as protocol_execute makes it: under the request's lock, which
- * also sets the connection nbdkit_export_name() etc. answer for. */
-#define CALL(bc, expr)                                                  \
-  ({ backend_lock_request (bc); __typeof__ (expr) r_ = (expr);          \
-     backend_unlock_request (bc); r_; })
+#include "unitstack.h"
 
 static void
 fill (uint8_t *p, size_t n, unsigned seed)
@@ -78,7 +45,7 @@ test_plugin_alone (void)
   struct backend_conn bc;
   int err = 0;
 
-  CHECK_INT (load (NULL, 0, "size=1M"), 0);
+  CHECK_INT (stack_load_ram (NULL, 0, "size=1M"), 0);
   CHECK (backend_top && strcmp (backend_top->type, "plugin") == 0);
   CHECK (backend_top && backend_top->next == NULL && backend_top->i == 0);
   CHECK (backend_top && strcmp (backend_top->name, "ram") == 0);
@@ -221,7 +188,7 @@ test_layers_copy (void)
   free (so);
 
   cfg.cache_size = 4 * MiB;
-  CHECK_INT (load (filters, nfilters, "2M"), 0);   /* bare: ram's magic key */
+  CHECK_INT (stack_load_ram (filters, nfilters, "2M"), 0);   /* bare: ram's magic key */
   struct backend *b = backend_top;
   if (nfilters) {
     CHECK (b && strcmp (b->type, "filter") == 0 && strcmp (b->name, "nofilter") == 0);
@@ -274,11 +241,11 @@ test_load_errors (void)
   backend_stack_unload ();
   CHECK (backend_top == NULL);
   /* ram refuses a key it does not know; the stack unloads. */
-  CHECK_INT (load (NULL, 0, "colour=blue"), -1);
+  CHECK_INT (stack_load_ram (NULL, 0, "colour=blue"), -1);
   backend_stack_unload ();
   CHECK (backend_top == NULL);
   /* And a stack loads again afterwards. */
-  CHECK_INT (load (NULL, 0, "size=64K"), 0);
+  CHECK_INT (stack_load_ram (NULL, 0, "size=64K"), 0);
   struct backend_conn bc;
   backend_conn_init (&bc, -1);
   CHECK_INT (backend_conn_open (&bc, "", false), 0);
@@ -291,14 +258,10 @@ test_load_errors (void)
 int
 main (void)
 {
-  if (access (ram_so, R_OK) != 0) {
-    printf ("skipped: %s is not built (make all)\n", ram_so);
-    return 77;
-  }
+  stack_need_ram ();
   test_plugin_alone ();
   test_layers_copy ();
   test_load_errors ();
-  for (int i = 0; i < nargs; i++)
-    free (args[i]);
+  stack_args_free ();
   return unit_exit ("unit-backend");
 }

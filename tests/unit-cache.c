@@ -6,21 +6,12 @@
  * plugin, and writeback's dirty blocks reaching the plugin only when
  * flushed. */
 #include <errno.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
 
-#include "../server/backend.h"
 #include "../server/cache.h"
 #include "unit.h"
+#include "unitstack.h"
 
-#define KiB 1024
-#define MiB (1024 * 1024)
 #define BS  (64 * KiB)                  /* --cache-block */
-
-static const char ram_so[] = "plugins/ram/nbdkit-ram-plugin.so";
-static char *args[4];
-static int nargs;
 
 static int
 load (const char *arg, uint64_t cache_bytes, enum cache_mode mode)
@@ -28,8 +19,7 @@ load (const char *arg, uint64_t cache_bytes, enum cache_mode mode)
   cfg.cache_size = cache_bytes;
   cfg.cache_block = BS;
   cfg.cache_mode = mode;
-  args[nargs] = strdup (arg);
-  return backend_stack_load (ram_so, NULL, 0, 1, &args[nargs++]);
+  return stack_load_ram (NULL, 0, arg);
 }
 
 static void
@@ -39,10 +29,6 @@ unload (void)
   cfg.cache_size = 0;
   cfg.cache_mode = CACHE_WRITETHROUGH;
 }
-
-#define CALL(bc, expr)                                                  \
-  ({ backend_lock_request (bc); __typeof__ (expr) r_ = (expr);          \
-     backend_unlock_request (bc); r_; })
 
 static struct cache_totals
 totals (void)
@@ -236,14 +222,10 @@ test_writeback (void)
 int
 main (void)
 {
-  if (access (ram_so, R_OK) != 0) {
-    printf ("skipped: %s is not built (make all)\n", ram_so);
-    return 77;
-  }
+  stack_need_ram ();
   test_hits_and_misses ();
   test_eviction ();
   test_writeback ();
-  for (int i = 0; i < nargs; i++)
-    free (args[i]);
+  stack_args_free ();
   return unit_exit ("unit-cache");
 }
