@@ -1,6 +1,8 @@
 /* Where the layers' shared objects come from: a plugin's or filter's name
- * checked, and resolved to nbdkit-NAME-KIND.so in the tree next to the
- * running binary, blkd's directory or nbdkit's. */
+ * checked, resolved to nbdkit-NAME-KIND.so in the tree next to the
+ * running binary, blkd's directory or nbdkit's, loaded, and its init
+ * function called. */
+#include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,4 +72,34 @@ layer_find_so (const char *name, const char *kind, const char *tree_dir,
   }
   free (exe);
   return path;
+}
+
+void *
+layer_load (enum layer_kind kind, const char *name, char **filename, void **dl)
+{
+  const char *what = kind == LAYER_PLUGIN ? "plugin" : "filter";
+  const char *blkd_dir = kind == LAYER_PLUGIN ? BLKD_PLUGINDIR : BLKD_FILTERDIR;
+  const char *nbdkit_dir = kind == LAYER_PLUGIN ? NBDKIT_PLUGINDIR : NBDKIT_FILTERDIR;
+
+  *dl = NULL;
+  *filename = layer_find_so (name, what, kind == LAYER_PLUGIN ? "plugins" : "filters",
+                             blkd_dir, nbdkit_dir);
+  if (!*filename) {
+    fprintf (stderr, "blkd: %s '%s' not found (looked in the tree, %s and %s)\n",
+             what, name, blkd_dir, nbdkit_dir);
+    return NULL;
+  }
+  /* RTLD_NOW: a layer importing a function blkd lacks must fail here,
+   * naming it, not crash on its first call (the imports are lazy
+   * JUMP_SLOTs). */
+  *dl = dlopen (*filename, RTLD_NOW | RTLD_GLOBAL);
+  if (!*dl) {
+    fprintf (stderr, "blkd: cannot load %s %s: %s\n", what, *filename, dlerror ());
+    return NULL;
+  }
+  const char *sym = kind == LAYER_PLUGIN ? "plugin_init" : "filter_init";
+  void *init = dlsym (*dl, sym);
+  if (!init)
+    fprintf (stderr, "blkd: %s is not an nbdkit %s (no %s)\n", *filename, what, sym);
+  return init;
 }
