@@ -11,10 +11,8 @@
 
 #include "backend.h"
 
-/* Directory of the running executable, so an uninstalled ./blkd finds the
- * in-tree plugins and filters next to it. */
-static char *
-exe_dir (void)
+char *
+layer_exe_dir (void)
 {
   char buf[PATH_MAX];
   ssize_t n = readlink ("/proc/self/exe", buf, sizeof buf - 1);
@@ -52,7 +50,7 @@ layer_find_so (const char *name, const char *kind, const char *tree_dir,
     char *resolved = realpath (name, NULL);
     return resolved ? resolved : strdup (name);
   }
-  char *exe = exe_dir ();
+  char *exe = layer_exe_dir ();
   char *path = NULL;
   for (int i = 0; i < 3; i++) {
     int r;
