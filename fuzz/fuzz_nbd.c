@@ -75,7 +75,7 @@ plugin_path (void)
   const char *env = getenv ("BLKD_FUZZ_PLUGIN");
   if (env)
     return strdup (env);
-  char *dir = plugin_exe_dir ();
+  char *dir = layer_exe_dir ();
   char *p = NULL;
   if (dir && asprintf (&p, "%s/nbdkit-ram-plugin.so", dir) < 0)
     p = NULL;

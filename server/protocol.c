@@ -269,13 +269,43 @@ top_pread (struct conn *c, void *buf, uint32_t count, uint64_t offset)
   return backend_pread (c->pc.top, buf, count, offset, 0, &err) == -1 ? err : 0;
 }
 
-static inline int
-top_extents (struct conn *c, uint32_t count, uint64_t offset, bool req_one,
-             struct nbdkit_extents *e)
+/* The extents of [offset, offset+count) from the top of the stack, in a
+ * list whose window runs to `window_end`: 0 and *out, or an errno. */
+static int
+top_extents (struct conn *c, uint32_t count, uint64_t offset, uint64_t window_end,
+             bool req_one, struct nbdkit_extents **out)
 {
   int err = 0;
-  return backend_extents (c->pc.top, count, offset, req_one ? NBDKIT_FLAG_REQ_ONE : 0,
-                          e, &err) == -1 ? err : 0;
+  struct nbdkit_extents *e = public_extents_new (offset, window_end);
+  if (!e)
+    return ENOMEM;
+  if (backend_extents (c->pc.top, count, offset, req_one ? NBDKIT_FLAG_REQ_ONE : 0,
+                       e, &err) == -1) {
+    public_extents_free (e);
+    return err;
+  }
+  *out = e;
+  return 0;
+}
+
+/* Walks the extents from index *i on: the next one that reaches past
+ * pos, clipped to end, as its end (*xend) and type.  False when none is
+ * left before end. */
+static bool
+next_extent (const struct nbdkit_extents *e, size_t *i, uint64_t pos, uint64_t end,
+             uint64_t *xend, uint32_t *type)
+{
+  for (; *i < e->len && pos < end; (*i)++) {
+    const struct public_extent *x = &e->v[*i];
+    uint64_t xe = MIN (x->offset + x->length, end);
+    if (xe > pos) {
+      *xend = xe;
+      *type = x->type;
+      (*i)++;
+      return true;
+    }
+  }
+  return false;
 }
 
 /* Split a structured read into data and hole pieces using the plugin's
@@ -289,20 +319,14 @@ plan_sparse_read (struct request *r, struct read_piece *pc)
   uint64_t end = r->offset + r->count;
   unsigned n = 0;
 
-  struct nbdkit_extents *e = public_extents_new (r->offset, end);
-  if (!e)
-    return 0;
-  if (top_extents (c, r->count, r->offset, false, e) != 0) {
-    public_extents_free (e);
+  struct nbdkit_extents *e = NULL;
+  if (top_extents (c, r->count, r->offset, end, false, &e) != 0)
     return 0;                       /* only an optimisation: read it all */
-  }
-  uint64_t pos = r->offset;
-  for (size_t i = 0; i < e->len && pos < end; i++) {
-    const struct public_extent *x = &e->v[i];
-    uint64_t xend = x->offset + x->length < end ? x->offset + x->length : end;
-    if (xend <= pos)
-      continue;
-    bool hole = x->type & NBDKIT_EXTENT_ZERO;
+  uint64_t pos = r->offset, xend;
+  uint32_t type;
+  size_t i = 0;
+  while (next_extent (e, &i, pos, end, &xend, &type)) {
+    bool hole = type & NBDKIT_EXTENT_ZERO;
     if (n > 0 && pc[n - 1].hole == hole)
       pc[n - 1].length += xend - pos;
     else if (n == REQ_MAX_CHUNKS) {
@@ -330,17 +354,12 @@ plan_sparse_read (struct request *r, struct read_piece *pc)
   return n;
 }
 
-/* The lent pieces must cover the range exactly: a plugin that says
- * otherwise would desynchronise the stream, so it is an error instead. */
-static bool
-lend_covers (const struct blkd_lend *l, uint32_t count)
+/* FUA on an export that did not advertise it is ignored, as before. */
+static inline uint32_t
+request_fua (const struct conn *c, const struct request *r)
 {
-  uint64_t sum = 0;
-  if (l->n == 0 || l->n > l->max)
-    return false;
-  for (unsigned i = 0; i < l->n; i++)
-    sum += l->iov[i].iov_len;
-  return sum == count;
+  return (r->flags & NBD_CMD_FLAG_FUA) && c->pc.caps.can_fua != NBDKIT_FUA_NONE
+         ? NBDKIT_FLAG_FUA : 0;
 }
 
 /* Reply without copying: the kernel sends from the plugin's file
@@ -356,7 +375,8 @@ read_lent (struct request *r)
   if (!c->tls) {
     int fd;
     uint64_t foff;
-    int err = plugin_pread_fd (&c->pc, r->count, r->offset, &fd, &foff);
+    int err = 0;
+    backend_pread_fd (c->pc.top, r->count, r->offset, 0, &fd, &foff, &err);
     if (err != ENOTSUP && err != E2BIG) {
       if (err)
         return err;
@@ -370,17 +390,11 @@ read_lent (struct request *r)
   }
 
   struct blkd_lend l = { .iov = r->iov + 1, .token = r->lent_token, .max = REQ_LEND_MAX };
-  int err = plugin_pread_lend (&c->pc, r->count, r->offset, &l);
-  if (err)
+  int err = 0;
+  if (backend_pread_lend (c->pc.top, r->count, r->offset, 0, &l, &err) == -1)
     return err == E2BIG ? ENOTSUP : err;
-  r->nlent = l.n < REQ_LEND_MAX ? l.n : REQ_LEND_MAX;
+  r->nlent = l.n;                   /* the stack checked: 1..REQ_LEND_MAX */
   r->lent_bytes = r->count;
-  if (!lend_covers (&l, r->count)) {
-    log_error ("plugin %s lent %u pieces that do not cover %u bytes", plugin_name (),
-               l.n, r->count);
-    protocol_release (r);
-    return EIO;
-  }
   /* The header goes in iov[0], before the pieces the plugin filled. */
   r->niov = 0;
   if (!c->structured)
@@ -404,12 +418,13 @@ protocol_release (struct request *r)
     r->nlent = 0;
     log_debug ("WRITE offset %llu count %u: payload incomplete, discarded",
                (unsigned long long) r->offset, r->count);
+    int err;
     backend_lock_request (&c->pc);  /* outside protocol_execute */
-    plugin_pwrite_commit (&c->pc, r->count, r->offset, false, &dst, false);
+    backend_pwrite_commit (c->pc.top, r->count, r->offset, 0, &dst, false, &err);
     backend_unlock_request (&c->pc);
   }
   else if (r->nlent) {
-    plugin_lend_release (r->lent_token, r->nlent, r->lent_bytes);
+    backend_lend_release (backend_top, r->lent_token, r->nlent, r->lent_bytes);
     r->nlent = 0;
   }
 }
@@ -459,25 +474,18 @@ do_block_status (struct request *r)
   bool req_one = r->flags & NBD_CMD_FLAG_REQ_ONE;
   /* nbdkit's window runs to the end of the disk, not of the request;
    * plugins are written for that, so do the same and clip afterwards. */
-  struct nbdkit_extents *e = public_extents_new (r->offset, (uint64_t) c->pc.caps.size);
-  if (!e)
-    return ENOMEM;
-  int err = top_extents (c, r->count, r->offset, req_one, e);
-  if (err) {
-    public_extents_free (e);
+  struct nbdkit_extents *e = NULL;
+  int err = top_extents (c, r->count, r->offset, (uint64_t) c->pc.caps.size, req_one, &e);
+  if (err)
     return err;
-  }
 
   uint8_t *out = r->buf->data;
-  uint32_t id = htobe32 (1), n = 0;
-  uint64_t end = r->offset + r->count, pos = r->offset;
+  uint32_t id = htobe32 (1), n = 0, type;
+  uint64_t end = r->offset + r->count, pos = r->offset, xend;
+  size_t i = 0;
   memcpy (out, &id, 4);
-  for (size_t i = 0; i < e->len && pos < end && n < BLOCK_STATUS_MAX; i++) {
-    const struct public_extent *x = &e->v[i];
-    uint64_t xend = x->offset + x->length < end ? x->offset + x->length : end;
-    if (xend <= pos)
-      continue;
-    uint32_t d[2] = { htobe32 ((uint32_t) (xend - pos)), htobe32 (x->type & 3) };
+  while (n < BLOCK_STATUS_MAX && next_extent (e, &i, pos, end, &xend, &type)) {
+    uint32_t d[2] = { htobe32 ((uint32_t) (xend - pos)), htobe32 (type & 3) };
     memcpy (out + 4 + 8 * n, d, 8);
     n++;
     pos = xend;
@@ -500,9 +508,7 @@ protocol_execute (struct request *r)
 {
   struct conn *c = r->conn;
   struct context *top = c->pc.top;
-  /* FUA on an export that did not advertise it is ignored, as before. */
-  uint32_t fua = (r->flags & NBD_CMD_FLAG_FUA) && c->pc.caps.can_fua != NBDKIT_FUA_NONE
-                 ? NBDKIT_FLAG_FUA : 0;
+  uint32_t fua = request_fua (c, r);
   int err = 0;
 
   log_current = &c->log;
@@ -518,7 +524,8 @@ protocol_execute (struct request *r)
                                .n = r->nlent };
       r->placed = false;            /* the plugin owns the pieces again */
       r->nlent = 0;
-      err = plugin_pwrite_commit (&c->pc, r->count, r->offset, fua, &dst, true);
+      err = backend_pwrite_commit (top, r->count, r->offset, fua, &dst, true, &err) == -1
+            ? err : 0;
     }
     else
       err = backend_pwrite (top, r->buf->data, r->count, r->offset, fua, &err) == -1 ? err : 0;
@@ -594,22 +601,20 @@ place_payload (struct conn *c, struct request *r)
   if (c->buf_bytes && c->buf_bytes + r->count > cfg.iobuf_conn_cap)
     return false;
   struct blkd_lend dst = { .iov = r->iov, .token = r->lent_token, .max = REQ_LEND_MAX };
-  int err = plugin_pwrite_place (&c->pc, r->count, r->offset, r->flags & NBD_CMD_FLAG_FUA,
-                                 &dst);
-  if (err) {
+  int err = 0;
+  /* Parsing runs outside protocol_execute: take the request's lock here. */
+  backend_lock_request (&c->pc);
+  int rc = backend_pwrite_place (c->pc.top, r->count, r->offset, request_fua (c, r), &dst,
+                                 &err);
+  backend_unlock_request (&c->pc);
+  if (rc == -1) {
     if (err != ENOTSUP && err != E2BIG)
       log_debug ("WRITE offset %llu count %u: no place for the payload (%s); copying",
                  (unsigned long long) r->offset, r->count, strerror (err));
     return false;
   }
   r->placed = true;
-  r->nlent = dst.n < REQ_LEND_MAX ? dst.n : REQ_LEND_MAX;
-  if (!lend_covers (&dst, r->count)) {
-    log_error ("plugin %s placed %u pieces that do not cover %u bytes; copying",
-               plugin_name (), dst.n, r->count);
-    protocol_release (r);
-    return false;
-  }
+  r->nlent = dst.n;                 /* the stack checked: 1..REQ_LEND_MAX */
   r->held = r->count;
   c->buf_bytes += r->held;          /* request_free gives it back */
   return true;
