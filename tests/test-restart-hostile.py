@@ -1,0 +1,193 @@
+#!/usr/bin/python3
+# Live restart when things go wrong:
+# - the binary renamed away: SIGUSR2 is refused, the old process serves on;
+# - the binary replaced by a file that is no executable image (execv
+#   fails): the running binary is started again, connections survive;
+# - a client that sent half a request header (or half a WRITE payload)
+#   when SIGUSR2 came is closed after --restart-timeout and nothing
+#   hangs; the binary gone by then calls the restart off and the paused
+#   connections go on in the old process;
+# - a state passed in BLKD_RESTART_FD that does not parse: the server logs
+#   it, closes the sockets it was passed and serves new clients.
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
+from blkdtest import *  # noqa: E402,F401,F403
+from restarttest import *  # noqa: E402,F401,F403
+
+nbd = need_nbd()
+need_server()
+if IS_NBDKIT:
+    skip("live restart (SIGUSR2) is blkd's")
+
+MiB = 1024 * 1024
+BS = 4096
+BOUND = 2                         # --restart-timeout
+
+
+def disk(name):
+    path = os.path.join(TMP, name)
+    with open(path, "wb") as f:
+        f.truncate(8 * MiB)
+    return path
+
+
+def round_trip(h, what, block=0):
+    data = os.urandom(BS)
+    h.pwrite(data, block * BS)
+    check_eq(h.pread(BS, block * BS), data, what)
+
+
+def half_header(srv):
+    """A handshaken raw client that has sent 10 of a request's 28 bytes."""
+    c = RawClient(srv)
+    c.handshake(structured=True)
+    c.sock.sendall(RawClient.request(NBD_CMD_READ, 0, BS, cookie=7)[:10])
+    return c
+
+
+def half_write(srv):
+    """A raw client that has sent a 64 KiB WRITE's header and 1000 bytes."""
+    c = RawClient(srv)
+    c.handshake(structured=True)
+    c.sock.sendall(RawClient.request(NBD_CMD_WRITE, MiB, 65536, cookie=8) + b"x" * 1000)
+    return c
+
+
+path = disk("hostile.img")
+srv = restart_server(["file", "file=" + path], opts=["--restart-timeout=%d" % BOUND])
+pid = srv.proc.pid
+h = nbd.NBD()
+h.connect_uri(srv.uri)
+round_trip(h, "round trip before")
+
+# ---- the binary renamed away ---------------------------------------------
+print("# binary renamed away, then SIGUSR2")
+os.rename(EXE, EXE + ".away")
+os.kill(pid, signal.SIGUSR2)
+wait_log(srv, r"live restart refused: cannot execute .*No such file", 1, 30,
+         "the refusal is logged")
+round_trip(h, "the connection serves on in the old process")
+check_eq(srv.proc.pid, pid, "same PID")
+check_eq(count(srv, r"live restart \d+: exec"), 0, "no exec was tried")
+os.rename(EXE + ".away", EXE)
+
+# ---- execv fails ---------------------------------------------------------
+print("# binary replaced by a file execv refuses (ENOEXEC)")
+os.rename(EXE, EXE + ".real")
+with open(EXE, "w") as f:
+    f.write("this is not an executable image\n")
+os.chmod(EXE, 0o755)
+restart(srv)
+check(count(srv, r"live restart: exec \S+: Exec format error; starting the running binary "
+                 r"again instead") == 1, "the failed exec is logged")
+round_trip(h, "the connection survives on the running binary")
+check_eq(srv.proc.pid, pid, "same PID")
+os.rename(EXE + ".real", EXE)
+restart(srv)
+round_trip(h, "a restart with the binary back works")
+
+# ---- half a request when SIGUSR2 comes, binary gone meanwhile ------------
+print("# half a request header; the binary goes while the restart waits for it")
+bad = half_header(srv)
+t0 = time.time()
+os.kill(pid, signal.SIGUSR2)
+wait_log(srv, r"live restart: quiescing", 3, 10, "the restart began")
+os.rename(EXE, EXE + ".away")
+check(peer_closed(bad.sock, BOUND + 10), "the half-header client is closed after the bound")
+waited = time.time() - t0
+print("  closed after %.1f s (bound %d s)" % (waited, BOUND))
+wait_log(srv, r"live restart called off: cannot execute", 1, 30, "the restart is called off")
+check(count(srv, r"conn \d+ peer \S+: live restart: a request still incomplete after %d s"
+                 % BOUND) == 1, "the close is logged naming the connection and peer")
+round_trip(h, "the paused connection goes on in the old process")
+check_eq(srv.proc.pid, pid, "same PID")
+os.rename(EXE + ".away", EXE)
+bad.close()
+
+# ---- half a WRITE payload; the restart goes through -------------------------
+print("# half a WRITE payload when SIGUSR2 comes")
+bad = half_write(srv)
+bad2 = half_header(srv)
+n = count(srv, DONE) + 1
+os.kill(pid, signal.SIGUSR2)
+check(peer_closed(bad.sock, BOUND + 10), "the half-WRITE client is closed after the bound")
+check(peer_closed(bad2.sock, BOUND + 10), "the half-header client is closed after the bound")
+wait_log(srv, DONE, n, 30, "the restart after the bound")
+round_trip(h, "the libnbd client goes on after the restart")
+h2 = nbd.NBD()
+h2.connect_uri(srv.uri)
+round_trip(h2, "a new connection", block=5)
+h2.shutdown()
+bad.close()
+bad2.close()
+with open(path, "rb") as f:
+    f.seek(MiB)
+    check(f.read(65536) == bytes(65536), "the unacknowledged WRITE did not reach the file")
+h.shutdown()
+srv.stop()
+check_eq(srv.proc.returncode, 0, "server exit status after the restarts")
+
+# ---- a state that does not parse -------------------------------------------
+print("# BLKD_RESTART_FD naming garbage, and a valid header naming a bad fd")
+
+
+def start_with_state(blob, name):
+    """blkd started with BLKD_RESTART_FD naming a memfd holding blob, and
+    one end of a socket pair passed along; returns (proc, log, our end)."""
+    fd = os.memfd_create("state", 0)
+    os.write(fd, blob)
+    a, b = socket.socketpair()
+    log_path = os.path.join(TMP, name + ".log")
+    log = open(log_path, "wb")
+    env = dict(os.environ, BLKD_RESTART_FD=str(fd))
+    proc = subprocess.Popen([EXE, "-f", "-i", "127.0.0.1", "-p", "0", "file", "file=" + path],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=env, pass_fds=(fd, b.fileno()))
+    os.close(fd)
+    b.close()
+    return proc, log_path, a
+
+
+def serves(proc, log_path, what):
+    deadline = time.time() + 20
+    port = None
+    while time.time() < deadline and port is None and proc.poll() is None:
+        with open(log_path, "rb") as f:
+            m = re.search(rb"serving .* on nbd://\S*:(\d+)/", f.read())
+        if m:
+            port = int(m.group(1))
+        else:
+            time.sleep(0.05)
+    if port is None:
+        fail("%s: server not serving (status %s)" % (what, proc.poll()))
+    h = nbd.NBD()
+    h.connect_uri("nbd://127.0.0.1:%d" % port)
+    round_trip(h, "%s: a new client is served" % what)
+    h.shutdown()
+
+
+garbage = b"\x00" * 7 + os.urandom(200)
+# Magic and version right, one listener named: fd 0, not a listening socket.
+header = (b"BLKDRST\n" + struct.pack("=IIIIQQI", 1, 1, 0, 0, 0, 0, 0) + struct.pack("=i", 0))
+for blob, name, said in ((garbage, "garbage", r"no valid magic"),
+                         (header, "badfd", r"listener 0 \(fd 0\) is not a listening socket")):
+    proc, log_path, ours = start_with_state(blob, name)
+    serves(proc, log_path, name)
+    check(peer_closed(ours, 5), "%s: the inherited socket was closed" % name)
+    with open(log_path, "rb") as f:
+        text = f.read().decode(errors="replace")
+    check(re.search(said, text) is not None, "%s: the reason is logged" % name)
+    check("starting afresh" in text, "%s: the server says it starts afresh" % name)
+    proc.terminate()
+    check_eq(proc.wait(10), 0, "%s: clean exit" % name)
+    ours.close()
+
+print("live restart failure checks done")
