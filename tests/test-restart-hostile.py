@@ -22,21 +22,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "hel
 from blkdtest import *  # noqa: E402,F401,F403
 from restarttest import *  # noqa: E402,F401,F403
 
-nbd = need_nbd()
-need_server()
-if IS_NBDKIT:
-    skip("live restart (SIGUSR2) is blkd's")
+nbd = need_live_restart()
 
 MiB = 1024 * 1024
 BS = 4096
 BOUND = 2                         # --restart-timeout
 
-
-def disk(name):
-    path = os.path.join(TMP, name)
-    with open(path, "wb") as f:
-        f.truncate(8 * MiB)
-    return path
 
 
 def round_trip(h, what, block=0):
@@ -61,7 +52,7 @@ def half_write(srv):
     return c
 
 
-path = disk("hostile.img")
+path = disk("hostile.img", 8 * MiB)
 srv = restart_server(["file", "file=" + path], opts=["--restart-timeout=%d" % BOUND])
 pid = srv.proc.pid
 h = nbd.NBD()

@@ -18,10 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "hel
 from blkdtest import *  # noqa: E402,F401,F403
 from restarttest import *  # noqa: E402,F401,F403
 
-nbd = need_nbd()
-need_server()
-if IS_NBDKIT:
-    skip("live restart (SIGUSR2) is blkd's")
+nbd = need_live_restart()
 if not FILTERDIR or not os.path.exists(os.path.join(FILTERDIR, "nbdkit-delay-filter.so")):
     skip("nbdkit's delay filter is not installed (nbdkit-plugin-dev / nbdkit)")
 
@@ -33,12 +30,6 @@ T = tls_material()
 PSK = os.path.join(T, "keys.psk")
 rng = random.Random(23)
 
-
-def disk(name):
-    path = os.path.join(TMP, name)
-    with open(path, "wb") as f:
-        f.truncate(16 * MiB)
-    return path
 
 
 def connect(srv):
@@ -58,6 +49,19 @@ def wait_all(h, cookies, what, secs=60):
         h.aio_command_completed(c)      # raises nbd.Error on a failed command
 
 
+def issue(h, writes, rblocks):
+    """aio writes of {block: data} and reads of rblocks; the cookies and
+    (block, buffer) for each read."""
+    cookies, reads = [], []
+    for b, data in writes.items():
+        cookies.append(h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(data)), b * BS))
+    for b in rblocks:
+        buf = nbd.Buffer(BS)
+        cookies.append(h.aio_pread(buf, b * BS))
+        reads.append((b, buf))
+    return cookies, reads
+
+
 class Workload:
     """Writes of fresh random blocks and reads of blocks already written,
     several in flight at once; every read is checked against what the last
@@ -74,13 +78,7 @@ class Workload:
         known = [b for b in self.expect if b not in wblocks]
         rblocks = rng.sample(known, min(6, len(known)))
         writes = {b: os.urandom(BS) for b in wblocks}
-        cookies, reads = [], []
-        for b, data in writes.items():
-            cookies.append(h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(data)), b * BS))
-        for b in rblocks:
-            buf = nbd.Buffer(BS)
-            cookies.append(h.aio_pread(buf, b * BS))
-            reads.append((b, buf))
+        cookies, reads = issue(h, writes, rblocks)
         wait_all(h, cookies, "batch %d" % self.batches)
         for b, buf in reads:
             if bytes(buf.to_bytearray()) != self.expect[b]:
@@ -247,13 +245,7 @@ with open(path, "r+b") as f:
         f.seek(b * BS)
         f.write(data)
 new = {b: os.urandom(BS) for b in range(8, 16)}
-cookies, reads = [], []
-for b, data in new.items():
-    cookies.append(h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(data)), b * BS))
-for b in old:
-    buf = nbd.Buffer(BS)
-    cookies.append(h.aio_pread(buf, b * BS))
-    reads.append((b, buf))
+cookies, reads = issue(h, new, list(old))
 # Let the requests reach the server (the filter holds each for 1 s).
 h.poll(100)
 time.sleep(0.3)

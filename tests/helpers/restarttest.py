@@ -12,17 +12,40 @@ import signal
 import time
 
 import blkdtest
-from blkdtest import TMP, Server, fail
+from blkdtest import IS_NBDKIT, TMP, Server, fail, need_nbd, need_server, skip
 
 BIN_DIR = os.path.join(TMP, "bin")
 EXE = os.path.join(BIN_DIR, "blkd")
 
 
-def restart_server(args, unix=False, opts=()):
-    """A Server running EXE, a copy of the binary under test."""
+def need_live_restart():
+    """Skip unless the server under test is blkd; the nbd module."""
+    nbd = need_nbd()
+    need_server()
+    if IS_NBDKIT:
+        skip("live restart (SIGUSR2) is blkd's")
+    return nbd
+
+
+def disk(name, size=16 * 1024 * 1024):
+    """A sparse file of size bytes in TMP, for the file and rawio plugins."""
+    path = os.path.join(TMP, name)
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def private_exe():
+    """EXE, made a copy of the binary under test if it is not yet."""
     if not os.path.exists(EXE):
         os.makedirs(BIN_DIR, exist_ok=True)
         shutil.copy2(blkdtest.BLKD, EXE)
+    return EXE
+
+
+def restart_server(args, unix=False, opts=()):
+    """A Server running EXE, a copy of the binary under test."""
+    private_exe()
     saved = blkdtest.BLKD
     blkdtest.BLKD = EXE
     try:
