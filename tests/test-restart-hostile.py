@@ -104,13 +104,20 @@ os.rename(EXE + ".away", EXE)
 bad.close()
 
 # ---- half a WRITE payload; the restart goes through -------------------------
-print("# half a WRITE payload when SIGUSR2 comes")
+print("# half a WRITE payload when SIGUSR2 comes; another client mid-handshake")
 bad = half_write(srv)
 bad2 = half_header(srv)
+shaking = RawClient(srv)
+shaking.start()                   # greeting and flags: still negotiating
 n = count(srv, DONE) + 1
 os.kill(pid, signal.SIGUSR2)
 check(peer_closed(bad.sock, BOUND + 10), "the half-WRITE client is closed after the bound")
 check(peer_closed(bad2.sock, BOUND + 10), "the half-header client is closed after the bound")
+check(peer_closed(shaking.sock, 10), "the client still in the handshake is closed")
+check(count(srv, r"conn \d+ peer \S+: live restart: a connection still in the handshake "
+                 r"cannot be handed over; closing it as on shutdown") == 1,
+      "its close is logged, naming it")
+shaking.close()
 wait_log(srv, DONE, n, 30, "the restart after the bound")
 round_trip(h, "the libnbd client goes on after the restart")
 h2 = nbd.NBD()

@@ -175,13 +175,19 @@ tls_block = os.urandom(4096)
 ht.pwrite(tls_block, 15 * MiB)
 check_eq(ht.pread(4096, 15 * MiB), tls_block, "TLS client reads before the restart")
 
+# More connections, spread over the shards; each idle across the restarts.
+others = [connect(srv) for _ in range(4)]
 w = run_through_restarts(srv, h, 3, "TCP")
+for i, o in enumerate(others):
+    b = sorted(w.expect)[i]
+    check_eq(o.pread(BS, b * BS), w.expect[b], "idle connection %d reads after the restarts" % i)
+    o.shutdown()
 check_eq(srv.proc.pid, pid, "same PID")
 srv.check_alive("server alive after three restarts")
 check_eq(count(srv, r"live restart \d+: exec "), 3, "three execs logged")
-check(count(srv, r"live restart: adopted \(connection \d+ before\), export \"\", "
-                 r"structured replies") >= 3,
-      "-v: every image adopted the libnbd connection")
+check_eq(count(srv, r"live restart: adopted \(connection \d+ before\), export \"\", "
+                    r"structured replies"), 15,
+         "-v: every image adopted the five libnbd connections")
 w.verify_file(path, "TCP")
 block_status_works(h, "TCP")
 

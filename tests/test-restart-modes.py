@@ -2,6 +2,7 @@
 # Live restart (SIGUSR2) in the ways blkd is deployed:
 # - socket activation (LISTEN_FDS, as blkd.socket + blkd.service): the new
 #   image serves the activated socket and binds none of its own;
+# - a writeback cache: dirty blocks reach the file before the exec;
 # - forked into the background with a pidfile (no -f), on rawio: the pid
 #   in the file stays right, the daemon does not fork again;
 # a libnbd client writes and reads through each restart without an error.
@@ -115,6 +116,25 @@ h2.shutdown()
 h.shutdown()
 proc.terminate()
 check_eq(proc.wait(10), 0, "exit status on SIGTERM")
+
+# ---- writeback cache ---------------------------------------------------------
+print("# --cache-mode=writeback: dirty blocks reach the file before the exec")
+path = disk("cached.img", 8 * MiB)
+srv = restart_server(["file", "file=" + path],
+                     opts=["--cache=4M", "--cache-mode=writeback"])
+h = nbd.NBD()
+h.connect_uri(srv.uri)
+expect = through_restarts(h, srv.proc.pid, srv.log_path, 2, "writeback cache")
+with open(path, "rb") as f:          # no flush: the restarts wrote them back
+    for b, data in expect.items():
+        f.seek(b * BS)
+        if f.read(BS) != data:
+            check_failed("writeback: block %d not in the file after the restarts" % b)
+            break
+    else:
+        ok("writeback: every block written before a restart is in the file")
+h.shutdown()
+srv.stop()
 
 # ---- a daemon with a pidfile, rawio ----------------------------------------
 print("# forked into the background (-P pidfile, --log=stderr), rawio")
