@@ -549,8 +549,12 @@ shard_bound (struct shard *s, void *arg)
     if (c->fd < 0 || conn_handoff_ready (c))
       continue;
     log_current = &c->log;
-    log_warn ("live restart: a request still incomplete after %u s (--restart-timeout); "
-              "closing the connection", cfg.restart_timeout);
+    if (c->handoff)
+      log_warn ("live restart: a request still incomplete after %u s (--restart-timeout); "
+                "closing the connection", cfg.restart_timeout);
+    else
+      log_warn ("live restart: not closed after %u s (--restart-timeout); closing now",
+                cfg.restart_timeout);
     conn_close_now (c);           /* frees it once its workers are done */
     log_current = NULL;
   }
