@@ -7,6 +7,8 @@
 #   when SIGUSR2 came is closed after --restart-timeout and nothing
 #   hangs; the binary gone by then calls the restart off and the paused
 #   connections go on in the old process;
+# - a second SIGUSR2 while a restart waits is logged and ignored, and a
+#   SIGTERM then stops the server cleanly (exit 0), without an exec;
 # - a state passed in BLKD_RESTART_FD that does not parse: the server logs
 #   it, closes the sockets it was passed and serves new clients.
 import os
@@ -132,6 +134,27 @@ with open(path, "rb") as f:
 h.shutdown()
 srv.stop()
 check_eq(srv.proc.returncode, 0, "server exit status after the restarts")
+
+# ---- a second SIGUSR2, then SIGTERM, while the restart waits ---------------
+print("# SIGUSR2 twice, then SIGTERM, while a half request holds the restart")
+srv = restart_server(["file", "file=" + path], opts=["--restart-timeout=30"])
+h = nbd.NBD()
+h.connect_uri(srv.uri)
+round_trip(h, "round trip before")
+bad = half_header(srv)
+os.kill(srv.proc.pid, signal.SIGUSR2)
+wait_log(srv, r"live restart: quiescing", 1, 10, "the restart began")
+os.kill(srv.proc.pid, signal.SIGUSR2)
+wait_log(srv, r"live restart: already under way", 1, 10, "the second SIGUSR2 is logged")
+os.kill(srv.proc.pid, signal.SIGTERM)
+try:
+    rc = srv.proc.wait(20)
+except subprocess.TimeoutExpired:
+    fail("SIGTERM during the restart's wait: the server did not exit")
+check_eq(rc, 0, "SIGTERM during the restart's wait: exit status")
+check(peer_closed(bad.sock, 5), "the half-request client is closed")
+bad.close()
+check_eq(count(srv, r"live restart \d+: exec"), 0, "no exec after SIGTERM")
 
 # ---- a state that does not parse -------------------------------------------
 print("# BLKD_RESTART_FD naming garbage, and a valid header naming a bad fd")
