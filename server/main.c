@@ -652,9 +652,7 @@ main (int argc, char **argv)
   }
   if (dump)
     return backend_stack_dump (plugin, filters, nfilters) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-  /* Before anything opens a file: a live restart's state names our fds.
-   * Until on_sigusr2 is in place, SIGUSR2 is dropped rather than fatal. */
-  signal (SIGUSR2, SIG_IGN);
+  /* Before anything opens a file: a live restart's state names our fds. */
   restart_init ();
 
   if (cfg.single && (cfg.run_cmd || cfg.unix_path || cfg.port || cfg.ip || cfg.vsock)) {
@@ -741,6 +739,9 @@ main (int argc, char **argv)
    * comes early is dropped rather than killing us half started.  Not
    * before this: --run's command, started above, must not inherit it. */
   signal (SIGHUP, SIG_IGN);
+  /* SIGUSR2 (live restart, on_sigusr2) likewise; after a restart it is
+   * ignored from the exec on (restart_exec). */
+  signal (SIGUSR2, SIG_IGN);
   if (write_pidfile () == -1 || backend_stack_after_fork () == -1) {
     exit_code = EXIT_FAILURE;
     goto out_listen;
