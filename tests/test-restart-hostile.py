@@ -9,8 +9,11 @@
 #   connections go on in the old process;
 # - a second SIGUSR2 while a restart waits is logged and ignored, and a
 #   SIGTERM then stops the server cleanly (exit 0), without an exec;
-# - a state passed in BLKD_RESTART_FD that does not parse: the server logs
-#   it, closes the sockets it was passed and serves new clients.
+# - states passed in BLKD_RESTART_FD that do not parse (garbage, another
+#   version, counts out of bounds, bad or misused fds, truncated, trailing
+#   bytes): the server logs why, closes the sockets it was passed and
+#   serves new clients; a well-formed one is served at once without a
+#   handshake, unless the export no longer matches what it says.
 import os
 import re
 import signal
@@ -157,24 +160,28 @@ bad.close()
 check_eq(count(srv, r"live restart \d+: exec"), 0, "no exec after SIGTERM")
 
 # ---- a state that does not parse -------------------------------------------
-print("# BLKD_RESTART_FD naming garbage, and a valid header naming a bad fd")
+print("# states passed in BLKD_RESTART_FD that do not parse")
 
 
-def start_with_state(blob, name):
-    """blkd started with BLKD_RESTART_FD naming a memfd holding blob, and
-    one end of a socket pair passed along; returns (proc, log, our end)."""
-    fd = os.memfd_create("state", 0)
-    os.write(fd, blob)
+def start_with_state(make_blob, name):
+    """blkd started with BLKD_RESTART_FD naming a memfd that holds
+    make_blob(L, C): L a listening socket's fd and C a connected socket's,
+    both passed along; returns (proc, log, our end of C, the listener)."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(4)
     a, b = socket.socketpair()
+    fd = os.memfd_create("state", 0)
+    os.write(fd, make_blob(lsock.fileno(), b.fileno()))
     log_path = os.path.join(TMP, name + ".log")
     log = open(log_path, "wb")
     env = dict(os.environ, BLKD_RESTART_FD=str(fd))
     proc = subprocess.Popen([EXE, "-f", "-i", "127.0.0.1", "-p", "0", "file", "file=" + path],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env, pass_fds=(fd, b.fileno()))
+                            env=env, pass_fds=(fd, b.fileno(), lsock.fileno()))
     os.close(fd)
     b.close()
-    return proc, log_path, a
+    return proc, log_path, a, lsock
 
 
 def serves(proc, log_path, what):
@@ -195,20 +202,99 @@ def serves(proc, log_path, what):
     h.shutdown()
 
 
-garbage = b"\x00" * 7 + os.urandom(200)
-# Magic and version right, one listener named: fd 0, not a listening socket.
-header = (b"BLKDRST\n" + struct.pack("=IIIIQQI", 1, 1, 0, 0, 0, 0, 0) + struct.pack("=i", 0))
-for blob, name, said in ((garbage, "garbage", r"no valid magic"),
-                         (header, "badfd", r"listener 0 \(fd 0\) is not a listening socket")):
-    proc, log_path, ours = start_with_state(blob, name)
+def header(nlisten, nconns, exe=b""):
+    return (b"BLKDRST\n" + struct.pack("=IIIIQQI", 1, nlisten, nconns, 0, 0, 0, len(exe)) + exe)
+
+
+def record(fd, peer=b"p", name=b"", size=8 * MiB, eflags=1, cflags=0):
+    return (struct.pack("=iIQQIIIIII", fd, cflags, size, 1, eflags, 1, 4096, 1 << 25,
+                        len(peer), len(name)) + peer + name)
+
+
+def fd32(fd):
+    return struct.pack("=i", fd)
+
+
+cases = [
+    ("garbage", lambda L, C: b"\x00" * 7 + os.urandom(200), r"no valid magic"),
+    ("version", lambda L, C: b"BLKDRST\n" + struct.pack("=I", 99) + bytes(40),
+     r"state version 99, this binary reads 1"),
+    ("badfd", lambda L, C: header(1, 0) + fd32(0),
+     r"listener 0 \(fd 0\) is not a listening socket"),
+    ("counts", lambda L, C: header(1, 1 << 30) + fd32(L),
+     r"state out of bounds \(1 listeners, 1073741824 connections\)"),
+    ("truncated", lambda L, C: header(1, 1) + fd32(L) + record(C)[:20],
+     r"connection record 0 is malformed"),
+    ("listener-as-conn", lambda L, C: header(1, 1) + fd32(L) + record(L),
+     r"connection record 0 \(fd \d+\) is malformed"),
+    ("twice", lambda L, C: header(1, 2) + fd32(L) + record(C) + record(C),
+     r"fd \d+ is named twice"),
+    ("trailing", lambda L, C: header(1, 1) + fd32(L) + record(C) + b"x",
+     r"1 bytes after the last record"),
+    ("name-nul", lambda L, C: header(1, 1) + fd32(L) + record(C, name=b"a\0b"),
+     r"connection record 0 \(fd \d+\) is malformed"),
+]
+for name, make_blob, said in cases:
+    proc, log_path, ours, lsock = start_with_state(make_blob, name)
     serves(proc, log_path, name)
-    check(peer_closed(ours, 5), "%s: the inherited socket was closed" % name)
+    check(peer_closed(ours, 5), "%s: the inherited connection was closed" % name)
     with open(log_path, "rb") as f:
         text = f.read().decode(errors="replace")
-    check(re.search(said, text) is not None, "%s: the reason is logged" % name)
+    check(re.search(said, text) is not None, "%s: the reason is logged" % name, said)
     check("starting afresh" in text, "%s: the server says it starts afresh" % name)
     proc.terminate()
     check_eq(proc.wait(10), 0, "%s: clean exit" % name)
     ours.close()
+    lsock.close()
 
+# State that parses, built from what a real handshake on this export says:
+# the connection is served at once, without a handshake; and with a size
+# that differs from the export's, it is closed instead.
+print("# well-formed states: adopted, or closed when the export differs")
+probe_srv = restart_server(["file", "file=" + path])
+probe = RawClient(probe_srv)
+probe.start()
+rtype, infos = probe.go(infos=(NBD_INFO_BLOCK_SIZE,))
+check_eq(rtype, NBD_REP_ACK, "probe handshake")
+bmin, bpref, bmax = struct.unpack(">III", infos[NBD_INFO_BLOCK_SIZE])
+probe.disconnect()
+probe_srv.stop()
+
+
+def good(size):
+    def make(L, C):
+        return header(1, 1) + fd32(L) + struct.pack(
+            "=iIQQIIIIII", C, 0, size, 9, probe.eflags, bmin, bpref, bmax, 4, 0) + b"peer"
+    return make
+
+
+for name, size, served in (("adopted", probe.size, True), ("changed", probe.size + 4096, False)):
+    proc, log_path, ours, lsock = start_with_state(good(size), name)
+    serves(proc, log_path, name)
+    raw = RawClient.__new__(RawClient)
+    raw.sock = ours
+    raw.sock.settimeout(10)
+    with open(log_path, "rb") as f:
+        text = f.read().decode(errors="replace")
+    if served:
+        data = os.urandom(BS)
+        raw.send_request(NBD_CMD_WRITE, 2 * BS, BS, cookie=11, payload=data)
+        check_eq(raw.recv_reply()[:2], (11, 0), "adopted: a WRITE on the passed socket")
+        raw.send_request(NBD_CMD_READ, 2 * BS, BS, cookie=12)
+        check_eq(raw.recv_reply(BS)[3], data, "adopted: the READ after it")
+        check("live restart 0 done: serving again, 1 connection(s) handed over" in text,
+              "adopted: logged")
+    else:
+        check(peer_closed(ours, 10), "changed: the connection is closed")
+        wait_for_text = time.time() + 10
+        while "changed (size" not in text and time.time() < wait_for_text:
+            time.sleep(0.05)
+            with open(log_path, "rb") as f:
+                text = f.read().decode(errors="replace")
+        check(re.search(r"conn \d+ peer peer: live restart: export \"\" changed \(size", text)
+              is not None, "changed: logged, naming the connection")
+    proc.terminate()
+    check_eq(proc.wait(10), 0, "%s: clean exit" % name)
+    ours.close()
+    lsock.close()
 print("live restart failure checks done")
