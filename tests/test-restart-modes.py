@@ -60,6 +60,17 @@ def through_restarts(h, pid, log_path, rounds, what):
     return expect
 
 
+def on_disk(path, expect, what):
+    """Every {block: data} of expect is in the file at path."""
+    with open(path, "rb") as f:
+        for b, data in expect.items():
+            f.seek(b * BS)
+            if f.read(BS) != data:
+                check_failed("%s: block %d differs in the file" % (what, b))
+                return
+    ok("%s is in the file" % what)
+
+
 def gone(pid, secs=10):
     deadline = time.time() + secs
     while time.time() < deadline:
@@ -125,14 +136,8 @@ srv = restart_server(["file", "file=" + path],
 h = nbd.NBD()
 h.connect_uri(srv.uri)
 expect = through_restarts(h, srv.proc.pid, srv.log_path, 2, "writeback cache")
-with open(path, "rb") as f:          # no flush: the restarts wrote them back
-    for b, data in expect.items():
-        f.seek(b * BS)
-        if f.read(BS) != data:
-            check_failed("writeback: block %d not in the file after the restarts" % b)
-            break
-    else:
-        ok("writeback: every block written before a restart is in the file")
+# No flush: the restarts wrote the dirty blocks back.
+on_disk(path, expect, "writeback: every block written before a restart")
 h.shutdown()
 srv.stop()
 
@@ -161,14 +166,7 @@ with open(pidfile) as f:
 check_eq(len(re.findall(r"live restart \d+: exec", text(log_path))), 2,
          "two execs, no fork: the same PID serves")
 h.flush()
-with open(path, "rb") as f:
-    for b, data in expect.items():
-        f.seek(b * BS)
-        if f.read(BS) != data:
-            check_failed("daemon: block %d on disk differs" % b)
-            break
-    else:
-        ok("daemon: every block on disk")
+on_disk(path, expect, "daemon: every block")
 h.shutdown()
 os.kill(pid, signal.SIGTERM)
 check(gone(pid), "the daemon exits on SIGTERM")
