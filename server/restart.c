@@ -139,6 +139,8 @@ resolve_exe (const char *argv0)
   if (argv0 && strchr (argv0, '/')) {
     if (argv0[0] == '/')
       return strdup (argv0);
+    while (argv0[0] == '.' && argv0[1] == '/')
+      argv0 += 2;                 /* "./blkd": the log names DIR/blkd */
     if (getcwd (buf, sizeof buf) && strlen (buf) + 1 + strlen (argv0) < sizeof buf) {
       strcat (buf, "/");
       strcat (buf, argv0);
