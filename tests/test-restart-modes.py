@@ -2,12 +2,15 @@
 # Live restart (SIGUSR2) in the ways blkd is deployed:
 # - socket activation (LISTEN_FDS, as blkd.socket + blkd.service): the new
 #   image serves the activated socket and binds none of its own;
+# - an upgrade (the binary replaced by rename): the new file runs, in the
+#   same process;
 # - a writeback cache: dirty blocks reach the file before the exec;
 # - forked into the background with a pidfile (no -f), on rawio: the pid
 #   in the file stays right, the daemon does not fork again;
 # a libnbd client writes and reads through each restart without an error.
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -127,6 +130,28 @@ h2.shutdown()
 h.shutdown()
 proc.terminate()
 check_eq(proc.wait(10), 0, "exit status on SIGTERM")
+
+# ---- an upgrade: the file now at the path runs --------------------------------
+print("# upgrade: the binary replaced by rename, as a package manager does")
+path = disk("upgrade.img", 8 * MiB)
+srv = restart_server(["file", "file=" + path], unix=True)
+h = nbd.NBD()
+h.connect_uri(srv.uri)
+real = EXE + ".real"
+shutil.copy2(EXE, real)
+marker = os.path.join(TMP, "upgraded")
+new = EXE + ".new"
+with open(new, "w") as f:            # the "new version": marks that it ran
+    f.write('#!/bin/sh\necho "$$" > %s\nexec %s "$@"\n' % (marker, real))
+os.chmod(new, 0o755)
+os.rename(new, EXE)                  # the running image's file is unlinked
+expect = through_restarts(h, srv.proc.pid, srv.log_path, 1, "upgrade")
+check(os.path.exists(marker), "the file at the binary's path ran, not the old image")
+with open(marker) as f:
+    check_eq(int(f.read()), srv.proc.pid, "it ran in the same process")
+h.shutdown()
+srv.stop()
+os.rename(real, EXE)
 
 # ---- writeback cache ---------------------------------------------------------
 print("# --cache-mode=writeback: dirty blocks reach the file before the exec")
