@@ -11,6 +11,7 @@ struct blkd_config cfg = {
   .dispatch = DISPATCH_AUTO,
   .sparse_reads = SPARSE_READS_AUTO,
   .handshake_timeout = 10,
+  .restart_timeout = 10,          /* as the SIGTERM drain waits */
   .tls = TLS_OFF,
   .delayacct = DELAYACCT_COMPACT,
   .cache_block = 64 * 1024,
