@@ -706,7 +706,9 @@ main (int argc, char **argv)
   const char *listen_pid = getenv ("LISTEN_PID");
   cfg.quiet = !log_verbose
     && (cfg.run_cmd || cfg.single || (cfg.unix_path && strcmp (cfg.unix_path, "-") == 0)
-        || (listen_pid && getenv ("LISTEN_FDS") && atol (listen_pid) == getpid ()));
+        || (listen_pid && getenv ("LISTEN_FDS") && atol (listen_pid) == getpid ())
+        /* a live restart's new image of a socket-activated server */
+        || (restart_adopting () && cfg.socket_activated));
   /* TLS files are checked before we bind or fork: a bad key is a loud
    * start-up error, not a handshake failure on every connection. */
   if (cfg.tls != TLS_OFF && tls_setup () == -1) {

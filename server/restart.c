@@ -438,6 +438,9 @@ restart_init (void)
   /* Ours now: no plugin's child may inherit them. */
   for (int i = 0; i < n_in_listen; i++)
     fcntl (in_listen[i], F_SETFD, FD_CLOEXEC);
+  /* Known before start-up decides how quiet to be (main.c). */
+  if (n_in_listen > 0 && (in_flags & SF_SOCKET_ACTIVATED))
+    cfg.socket_activated = true;
   for (struct handed *h = in_conns; h; h = h->next)
     fcntl (h->fd, F_SETFD, FD_CLOEXEC);
   free (buf);
