@@ -569,10 +569,13 @@ plugin_pread_lend (struct context *c, uint32_t count, uint64_t offset, uint32_t 
   return 0;
 }
 
+/* n is 0 only when a lend that covered nothing is taken back: the plugin
+ * holds no token for it, but the bytes were counted. */
 static void
 plugin_lend_release (struct backend *b, void *const *token, unsigned n, uint32_t bytes)
 {
-  ext->lend_release (token, n);
+  if (n)
+    ext->lend_release (token, n);
   atomic_fetch_sub (&lend_stats.lent_bytes, bytes);
 }
 
