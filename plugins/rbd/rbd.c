@@ -612,6 +612,25 @@ rbdp_req_start (struct rbdp_req *req)
     req->done (req, -r);
 }
 
+/* NBD carries only a few errors; the rest become EINVAL on the wire,
+ * which for a request that timed out or a client that was blocklisted
+ * says the wrong thing. */
+static int
+rbdp_nbd_errno (int err)
+{
+  switch (err) {
+  case ETIMEDOUT:
+  case ESHUTDOWN:                     /* librados: this client was blocklisted */
+  case ENOTCONN:
+  case ECONNRESET:
+    return EIO;
+  case EDQUOT:
+    return ENOSPC;
+  default:
+    return err;
+  }
+}
+
 /* The synchronous path: start and wait. */
 struct rbdp_sync {
   struct rbdp_req req;
@@ -658,7 +677,7 @@ rbdp_sync (void *handle, enum rbdp_op op, void *buf, uint32_t count,
                   op == RBD_READ ? "read" : op == RBD_WRITE ? "write" :
                   op == RBD_FLUSH ? "flush" : op == RBD_TRIM ? "trim" : "zero",
                   count, offset, h->img->name, strerror (s.err));
-    nbdkit_set_error (s.err);
+    nbdkit_set_error (rbdp_nbd_errno (s.err));
     return -1;
   }
   return 0;
