@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "blkd-plugin.h"
 
 struct backend *backend_top;
 int backend_model = NBDKIT_THREAD_MODEL_PARALLEL;
@@ -559,6 +560,94 @@ backend_cache (struct context *c, uint32_t count, uint64_t offset, uint32_t flag
     return 0;
   }
   return checked (c->b->cache (c, count, offset, flags, err), err);
+}
+
+/* ---- zero copy (blkd's extension) ------------------------------------ */
+
+/* The pieces a layer lent or placed must cover the range exactly: any
+ * other answer would desynchronise the stream. */
+static bool
+lend_covers (const struct blkd_lend *l, uint32_t count)
+{
+  uint64_t sum = 0;
+  if (l->n == 0 || l->n > l->max)
+    return false;
+  for (unsigned i = 0; i < l->n; i++)
+    sum += l->iov[i].iov_len;
+  return sum == count;
+}
+
+int
+backend_pread_lend (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                    struct blkd_lend *lend, int *err)
+{
+  if (!c->b->pread_lend || !c->b->lend_release)
+    return refuse (err, ENOTSUP);
+  if (!valid_range (c, offset, count) || flags)
+    return refuse (err, EINVAL);
+  lend->n = 0;
+  if (checked (c->b->pread_lend (c, count, offset, flags, lend, err), err) == -1)
+    return -1;
+  if (!lend_covers (lend, count)) {
+    nbdkit_error ("%s %s lent %u pieces that do not cover %u bytes", c->b->type,
+                  c->b->name, lend->n, count);
+    backend_lend_release (c->b, lend->token, lend->n < lend->max ? lend->n : lend->max,
+                          count);
+    lend->n = 0;
+    return refuse (err, EIO);
+  }
+  return 0;
+}
+
+void
+backend_lend_release (struct backend *b, void *const *token, unsigned n, uint32_t bytes)
+{
+  b->lend_release (b, token, n, bytes);
+}
+
+int
+backend_pread_fd (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                  int *fd, uint64_t *file_offset, int *err)
+{
+  if (!c->b->pread_fd)
+    return refuse (err, ENOTSUP);
+  if (!valid_range (c, offset, count) || flags)
+    return refuse (err, EINVAL);
+  return checked (c->b->pread_fd (c, count, offset, flags, fd, file_offset, err), err);
+}
+
+int
+backend_pwrite_place (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                      struct blkd_lend *dst, int *err)
+{
+  if (!c->b->pwrite_place || !c->b->pwrite_commit)
+    return refuse (err, ENOTSUP);
+  if (backend_can_write (c) != 1)
+    return refuse (err, EROFS);
+  if (!valid_range (c, offset, count) || (flags & ~NBDKIT_FLAG_FUA) || !fua_ok (c, flags))
+    return refuse (err, EINVAL);
+  dst->n = 0;
+  if (checked (c->b->pwrite_place (c, count, offset, flags, dst, err), err) == -1)
+    return -1;
+  if (!lend_covers (dst, count)) {
+    nbdkit_error ("%s %s placed %u pieces that do not cover %u bytes; copying",
+                  c->b->type, c->b->name, dst->n, count);
+    int ignored;
+    if (dst->n > dst->max)
+      dst->n = dst->max;
+    backend_pwrite_commit (c, count, offset, 0, dst, false, &ignored);
+    dst->n = 0;
+    return refuse (err, ENOTSUP);
+  }
+  return 0;
+}
+
+/* ok=false discards the payload: the disk keeps its old bytes. */
+int
+backend_pwrite_commit (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                       struct blkd_lend *dst, bool ok, int *err)
+{
+  return checked (c->b->pwrite_commit (c, count, offset, ok ? flags : 0, dst, ok, err), err);
 }
 
 /* ---- the connection's view of the stack ----------------------------- */

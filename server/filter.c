@@ -313,6 +313,14 @@ static const struct backend filter_ops = {
   .zero = filter_zero,
   .extents = filter_extents,
   .cache = filter_cache,
+  /* Zero copy cannot pass through an nbdkit filter: its ABI has no lend
+   * or place call, so the filter would never see the data.  NULL: the
+   * stack answers ENOTSUP and the request is copied through pread. */
+  .pread_lend = NULL,
+  .lend_release = NULL,
+  .pread_fd = NULL,
+  .pwrite_place = NULL,
+  .pwrite_commit = NULL,
 };
 
 /* ---- loading -------------------------------------------------------- */

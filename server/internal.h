@@ -56,7 +56,6 @@ enum iobuf_mode { IOBUF_POOL, IOBUF_CALLOC };
 enum queue_mode { QUEUE_SPLIT, QUEUE_GLOBAL };
 enum dispatch_mode { DISPATCH_AUTO, DISPATCH_INLINE, DISPATCH_WORKER };
 enum tls_mode { TLS_OFF, TLS_ON, TLS_REQUIRE };
-enum tls_seal { TLS_SEAL_BLKD, TLS_SEAL_OPENSSL };
 enum delayacct_mode { DELAYACCT_COMPACT, DELAYACCT_LOCKED, DELAYACCT_OFF };
 enum cache_mode { CACHE_WRITETHROUGH, CACHE_WRITEBACK };
 /* --sparse-reads; NO and YES are what nbdkit_parse_bool returns. */
@@ -101,7 +100,6 @@ struct blkd_config {
   const char *tls_certificates;   /* dir with ca-cert.pem, server-cert.pem, server-key.pem */
   const char *tls_psk;            /* psktool file: username:hexkey */
   bool tls_verify_peer;
-  enum tls_seal tls_seal;         /* who seals TLS 1.3 records we send */
   const char *tls_suites;         /* --tls-suites: TLS 1.3 order (NULL: ours) */
 
   /* Observability (metrics.c, delayacct.c). */
@@ -196,23 +194,9 @@ backend_unlock_request (struct backend_conn *bc)
     pthread_mutex_unlock (&bc->request_lock);
 }
 
-/* blkd's extension (include/blkd-plugin.h), plugin.c: ENOTSUP when the
- * plugin has no such call or any layer sits between the protocol and the
- * plugin (a filter or the cache must see the data); the caller then goes
- * through the stack with a pool buffer.  pread_lend, pread_fd and
- * pwrite_commit run inside the request's backend_lock_request;
- * pwrite_place takes it itself (it runs while the request is parsed). */
-struct blkd_lend;
-bool plugin_can_lend (void);
-int plugin_pread_lend (struct backend_conn *bc, uint32_t count, uint64_t offset,
-                       struct blkd_lend *l);
-void plugin_lend_release (void *const *token, unsigned n, uint32_t bytes);
-int plugin_pread_fd (struct backend_conn *bc, uint32_t count, uint64_t offset, int *fd,
-                     uint64_t *file_offset);
-int plugin_pwrite_place (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
-                         struct blkd_lend *dst);
-int plugin_pwrite_commit (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
-                          struct blkd_lend *dst, bool ok);
+/* What the plugin lent or placed through blkd's zero-copy extension
+ * (include/blkd-plugin.h), which the stack reaches as layer operations
+ * (backend.h: backend_pread_lend etc.); read by /metrics. */
 struct plugin_lend_stats {
   uint64_t lent_bytes;            /* lent to replies not yet sent */
   uint64_t lent_replies, sendfile_replies, placed_writes;   /* totals */

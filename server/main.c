@@ -166,8 +166,6 @@ usage (FILE *f)
 "      --tls-certificates DIR  ca-cert.pem, server-cert.pem, server-key.pem\n"
 "      --tls-verify-peer  client certificates must chain to the CA\n"
 "      --tls-psk FILE     pre-shared keys, psktool's username:hexkey format\n"
-"      --tls-seal WHO     openssl (default: SSL_write seals) or blkd (opt-in:\n"
-"                         blkd seals TLS 1.3 records itself, less CPU)\n"
 "      --tls-suites LIST  TLS 1.3 suites in order of preference (OpenSSL's\n"
 "                         names joined by ':'; default AES-128-GCM first)\n"
 "\n"
@@ -565,8 +563,13 @@ main (int argc, char **argv)
     case OPT_TLS_VERIFY_PEER: cfg.tls_verify_peer = true; break;
     case OPT_TLS_PSK: cfg.tls_psk = optarg; break;
     case OPT_TLS_SEAL:
-      cfg.tls_seal = parse_choice ("--tls-seal", optarg,
-                                   (const char *const[]) { "blkd", "openssl", NULL });
+      /* OpenSSL seals every record; blkd's own TLS 1.3 sealer is gone.
+       * An older command line still starts (the client sees the same
+       * records either way): "openssl" quietly, "blkd" with a warning. */
+      if (parse_choice ("--tls-seal", optarg,
+                        (const char *const[]) { "openssl", "blkd", NULL }) == 1)
+        fprintf (stderr, "blkd: warning: --tls-seal=blkd is no longer available: "
+                 "OpenSSL seals every record (docs/TLS.md)\n");
       break;
     case OPT_TLS_SUITES: cfg.tls_suites = optarg; break;
     case OPT_METRICS: cfg.metrics_addr = optarg; break;
