@@ -64,6 +64,7 @@ static const char *rbdp_keyring;
 static const char *rbdp_cluster_name = "ceph";
 static unsigned rbdp_timeout;          /* 0: as long as the cluster waits */
 static unsigned rbdp_connect_timeout = 20;
+static bool rbdp_use_aio = true;      /* aio=false: blkd waits on workers */
 
 static rados_t rbdp_cluster;
 static rados_ioctx_t rbdp_io;
@@ -129,6 +130,13 @@ rbdp_config (const char *key, const char *value)
     return rbdp_parse_seconds (key, value, &rbdp_timeout);
   else if (strcmp (key, "connect-timeout") == 0)
     return rbdp_parse_seconds (key, value, &rbdp_connect_timeout);
+  else if (strcmp (key, "aio") == 0) {
+    int b = nbdkit_parse_bool (value);
+    if (b == -1)
+      return -1;
+    rbdp_use_aio = b;
+    return 0;
+  }
   else {
     nbdkit_error ("rbd: unknown parameter '%s'", key);
     return -1;
@@ -524,7 +532,7 @@ rbdp_can_extents (void *handle)
 
 /* ---- requests ---------------------------------------------------------- */
 
-enum rbdp_op { RBD_READ, RBD_WRITE, RBD_FLUSH, RBD_TRIM, RBD_ZERO };
+enum rbdp_op { RBDP_READ, RBDP_WRITE, RBDP_FLUSH, RBDP_TRIM, RBDP_ZERO };
 
 /* One request on its way through librbd: started by rbdp_req_start, and
  * finished, exactly once, through done (from librbd's completion thread,
@@ -555,20 +563,20 @@ rbdp_req_issue (struct rbdp_req *req, enum rbdp_op op)
     return r;
   req->op = op;
   switch (op) {
-  case RBD_READ:
+  case RBDP_READ:
     r = rbd_aio_read2 (im, req->offset, req->count, req->buf, c, 0);
     break;
-  case RBD_WRITE:
+  case RBDP_WRITE:
     r = rbd_aio_write2 (im, req->offset, req->count, req->buf, c,
                         req->then_flush ? LIBRADOS_OP_FLAG_FADVISE_FUA : 0);
     break;
-  case RBD_FLUSH:
+  case RBDP_FLUSH:
     r = rbd_aio_flush (im, c);
     break;
-  case RBD_TRIM:
+  case RBDP_TRIM:
     r = rbd_aio_discard (im, req->offset, req->count, c);
     break;
-  case RBD_ZERO:
+  case RBDP_ZERO:
     /* Plain write_zeroes deallocates whole objects and zeroes the rest
      * (it never skips a partial object, unlike discard with rbd skip
      * partial discard); without may-trim the zeros must be allocated. */
@@ -591,8 +599,8 @@ rbdp_req_cb (rbd_completion_t c, void *arg)
   ssize_t r = rbd_aio_get_return_value (c);
 
   rbd_aio_release (c);
-  if (r >= 0 && req->then_flush && req->op != RBD_FLUSH) {
-    r = rbdp_req_issue (req, RBD_FLUSH);
+  if (r >= 0 && req->then_flush && req->op != RBDP_FLUSH) {
+    r = rbdp_req_issue (req, RBDP_FLUSH);
     if (r == 0)
       return;                         /* the flush's completion finishes */
   }
@@ -605,11 +613,23 @@ rbdp_req_start (struct rbdp_req *req)
 {
   int r;
 
-  req->then_flush = (req->flags & NBDKIT_FLAG_FUA) && req->op != RBD_READ &&
-                    req->op != RBD_FLUSH;
+  req->then_flush = (req->flags & NBDKIT_FLAG_FUA) && req->op != RBDP_READ &&
+                    req->op != RBDP_FLUSH;
   r = rbdp_req_issue (req, req->op);
   if (r < 0)
     req->done (req, -r);
+}
+
+static const char *
+rbdp_op_name (enum rbdp_op op)
+{
+  switch (op) {
+  case RBDP_READ: return "read";
+  case RBDP_WRITE: return "write";
+  case RBDP_FLUSH: return "flush";
+  case RBDP_TRIM: return "trim";
+  default: return "zero";
+  }
 }
 
 /* NBD carries only a few errors; the rest become EINVAL on the wire,
@@ -674,9 +694,7 @@ rbdp_sync (void *handle, enum rbdp_op op, void *buf, uint32_t count,
   pthread_mutex_destroy (&s.lock);
   if (s.err) {
     nbdkit_error ("rbd: %s of %" PRIu32 " bytes at %" PRIu64 " in '%s': %s",
-                  op == RBD_READ ? "read" : op == RBD_WRITE ? "write" :
-                  op == RBD_FLUSH ? "flush" : op == RBD_TRIM ? "trim" : "zero",
-                  count, offset, h->img->name, strerror (s.err));
+                  rbdp_op_name (op), count, offset, h->img->name, strerror (s.err));
     nbdkit_set_error (rbdp_nbd_errno (s.err));
     return -1;
   }
@@ -687,26 +705,26 @@ static int
 rbdp_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
            uint32_t flags)
 {
-  return rbdp_sync (handle, RBD_READ, buf, count, offset, flags);
+  return rbdp_sync (handle, RBDP_READ, buf, count, offset, flags);
 }
 
 static int
 rbdp_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
             uint32_t flags)
 {
-  return rbdp_sync (handle, RBD_WRITE, (void *) buf, count, offset, flags);
+  return rbdp_sync (handle, RBDP_WRITE, (void *) buf, count, offset, flags);
 }
 
 static int
 rbdp_flush (void *handle, uint32_t flags)
 {
-  return rbdp_sync (handle, RBD_FLUSH, NULL, 0, 0, 0);
+  return rbdp_sync (handle, RBDP_FLUSH, NULL, 0, 0, 0);
 }
 
 static int
 rbdp_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 {
-  return rbdp_sync (handle, RBD_TRIM, NULL, count, offset, flags);
+  return rbdp_sync (handle, RBDP_TRIM, NULL, count, offset, flags);
 }
 
 /* Fast only when librbd may deallocate (may-trim): thick zeros are
@@ -718,8 +736,106 @@ rbdp_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
     nbdkit_set_error (ENOTSUP);
     return -1;
   }
-  return rbdp_sync (handle, RBD_ZERO, NULL, count, offset, flags);
+  return rbdp_sync (handle, RBDP_ZERO, NULL, count, offset, flags);
 }
+
+/* ---- blkd's aio calls (include/blkd-plugin.h) ------------------------ */
+
+/* Under blkd the request starts on the event loop's thread and librbd's
+ * completion thread hands it back: no thread waits per request, so the
+ * cluster sees as many requests in flight as clients send. */
+struct rbdp_aio {
+  struct rbdp_req req;
+  struct blkd_aio *done;
+};
+
+static void
+rbdp_aio_done (struct rbdp_req *req, int err)
+{
+  struct rbdp_aio *a = (struct rbdp_aio *) req;
+  struct blkd_aio *done = a->done;
+
+  if (err)
+    nbdkit_error ("rbd: %s of %" PRIu32 " bytes at %" PRIu64 " in '%s': %s",
+                  rbdp_op_name (req->op), req->count, req->offset,
+                  req->img->name, strerror (err));
+  free (a);
+  done->complete (done, err ? rbdp_nbd_errno (err) : 0);
+}
+
+static int
+rbdp_aio_start (void *handle, enum rbdp_op op, void *buf, uint32_t count,
+                uint64_t offset, uint32_t flags, struct blkd_aio *done)
+{
+  struct rbdp_handle *h = handle;
+  struct rbdp_aio *a;
+
+  if (!rbdp_use_aio) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  a = malloc (sizeof *a);
+  if (!a) {
+    errno = ENOTSUP;                  /* the synchronous path may still work */
+    return -1;
+  }
+  a->req = (struct rbdp_req) { .img = h->img, .op = op, .buf = buf, .count = count,
+                               .offset = offset, .flags = flags,
+                               .done = rbdp_aio_done };
+  a->done = done;
+  rbdp_req_start (&a->req);           /* done runs exactly once from here on */
+  return 0;
+}
+
+static int
+rbdp_aio_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
+                uint32_t flags, struct blkd_aio *done)
+{
+  return rbdp_aio_start (handle, RBDP_READ, buf, count, offset, flags, done);
+}
+
+static int
+rbdp_aio_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
+                 uint32_t flags, struct blkd_aio *done)
+{
+  return rbdp_aio_start (handle, RBDP_WRITE, (void *) buf, count, offset, flags, done);
+}
+
+static int
+rbdp_aio_flush (void *handle, uint32_t flags, struct blkd_aio *done)
+{
+  return rbdp_aio_start (handle, RBDP_FLUSH, NULL, 0, 0, 0, done);
+}
+
+static int
+rbdp_aio_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+               struct blkd_aio *done)
+{
+  return rbdp_aio_start (handle, RBDP_TRIM, NULL, count, offset, flags, done);
+}
+
+/* A fast zero that must allocate is refused by the synchronous call. */
+static int
+rbdp_aio_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+               struct blkd_aio *done)
+{
+  if ((flags & NBDKIT_FLAG_FAST_ZERO) && !(flags & NBDKIT_FLAG_MAY_TRIM)) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  return rbdp_aio_start (handle, RBDP_ZERO, NULL, count, offset, flags, done);
+}
+
+/* Found by blkd with dlsym; nbdkit never looks for it. */
+const struct blkd_plugin_extension blkd_plugin_extension = {
+  .version    = BLKD_PLUGIN_EXTENSION_VERSION,
+  .size       = sizeof (struct blkd_plugin_extension),
+  .aio_pread  = rbdp_aio_pread,
+  .aio_pwrite = rbdp_aio_pwrite,
+  .aio_flush  = rbdp_aio_flush,
+  .aio_trim   = rbdp_aio_trim,
+  .aio_zero   = rbdp_aio_zero,
+};
 
 /* ---- block status ------------------------------------------------------ */
 
@@ -834,7 +950,8 @@ static struct nbdkit_plugin plugin = {
     "keyring=<FILE>      Keyring (default: as the configuration says).\n"
     "cluster=<NAME>      Cluster name (default ceph).\n"
     "timeout=<SECS>      Fail a request after SECS (default 0: wait).\n"
-    "connect-timeout=<SECS> Bound on connecting at start-up (default 20).",
+    "connect-timeout=<SECS> Bound on connecting at start-up (default 20).\n"
+    "aio=false           Under blkd: no aio calls (compare with the thread path).",
   .magic_config_key  = "image",
   .get_ready         = rbdp_get_ready,
   .after_fork        = rbdp_after_fork,

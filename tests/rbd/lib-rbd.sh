@@ -37,8 +37,34 @@ rbd_() { timeout 60 rbd "$@"; }
 
 # serve ARGS...: the plugin with ARGS under PLUGIN_HOST, as the
 # rbd-limited user; sets PORT, URI, SERVER_PID.
+# Under blkd with metrics, so aio_count can tell which path requests took;
+# RBD_EXTRA adds plugin parameters to every server (aio=false).
 serve() {
-  start_server "$PLUGIN_HOST" "$RBD_SO" conf="$CEPH_CONF" id=blkd "$@"
+  if [ "$PLUGIN_HOST" = blkd ]; then
+    start_server blkd --metrics 127.0.0.1:0 "$RBD_SO" conf="$CEPH_CONF" id=blkd ${RBD_EXTRA:-} "$@"
+  else
+    start_server nbdkit "$RBD_SO" conf="$CEPH_CONF" id=blkd ${RBD_EXTRA:-} "$@"
+  fi
+}
+
+# aio_count: requests the plugin completed through blkd's aio calls so far
+# (blkd_plugin_aio_total); "" under nbdkit.
+aio_count() {
+  [ "$PLUGIN_HOST" = blkd ] || return 0
+  curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | awk '$1 == "blkd_plugin_aio_total" { print $2 }'
+}
+
+# check_aio_path BEFORE: under blkd, requests since BEFORE went through the
+# aio calls -- or, with aio=false, none did.
+check_aio_path() {
+  [ "$PLUGIN_HOST" = blkd ] || return 0
+  local now; now=$(aio_count)
+  [ -n "$now" ] || fail "no blkd_plugin_aio_total in /metrics"
+  case " ${RBD_EXTRA:-} " in
+    *" aio=false "*) [ "$now" = "$1" ] || fail "aio=false, yet $((now - $1)) requests took the aio path" ;;
+    *) [ "$now" -gt "$1" ] || fail "no request took the aio path ($now)" ;;
+  esac
+  echo "aio requests: $1 -> $now"
 }
 
 # start_fails WANT ARGS...: the server must exit non-zero, within 60 s,

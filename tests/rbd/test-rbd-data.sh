@@ -84,6 +84,8 @@ assert runs == want, runs
 h.flush()
 PYEOF
 
+check_aio_path 0
+
 # A namespace is its own image list.
 img2_sum=$(sum_nbd "$URI/img2")
 stop_server
@@ -111,4 +113,4 @@ serve image=img2 snap=s1
   || fail "the write after the snapshot did not reach the image"
 if nbdpy "$URI" 'h.pwrite(b"x", 0)' 2>"$TMP/ro.err"; then fail "a write to a snapshot succeeded"; fi
 grep -qiE 'read-only|EPERM|EROFS' "$TMP/ro.err" || fail "a refused write said: $(cat "$TMP/ro.err")"
-echo "ok ($PLUGIN_HOST)"
+echo "ok ($PLUGIN_HOST ${RBD_EXTRA:-})"

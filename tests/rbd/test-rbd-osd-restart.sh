@@ -72,6 +72,8 @@ for (t, b), data in expect.items():
 print("verified %d blocks" % len(expect))
 PYEOF
 
+check_aio_path 0
+
 # The cluster's own view agrees with what the clients read (first block).
 stop_server
 rbd_ export img1 "$TMP/img1.bin" >/dev/null 2>&1
