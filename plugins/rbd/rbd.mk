@@ -2,7 +2,8 @@
 # cluster (`make rbd-check`) and its benchmark (`make bench-rbd`).
 # Debian's librbd and librados ship no pkg-config files: plain -l flags.
 DEPS += ceph-mon ceph-osd ceph-mgr ceph-common librbd-dev librados-dev librbd1 \
-        python3-rbd qemu-block-extra uuid-runtime bc
+        python3-rbd qemu-block-extra uuid-runtime bc \
+        nbdkit-plugin-python time
 PLUGIN_LIBS_rbd = -lrbd -lrados
 
 # rbd-check installs what is missing first, as check does (NO_DEPS=1: not).
