@@ -12,9 +12,10 @@
  *             pool, protocol_validate, attach_buffer (a WRITE's payload is
  *             read by read_some into its buffer first); or park on the pool
  *             with shard_wait_buffers, retried by protocol_retry_stalled
- *  dispatch   start_request → shard_dispatch (shard.c): inline on the shard
- *             thread, or queue_push (queue.c) to a worker that runs
- *             shard_run_request
+ *  dispatch   start_request → shard_dispatch (shard.c): protocol_start_aio
+ *             when the plugin completes requests itself (aio: its thread
+ *             calls shard_complete), else inline on the shard thread, or
+ *             queue_push (queue.c) to a worker that runs shard_run_request
  *  backend    protocol_execute → backend (layer stack): backend_pread,
  *             backend_pwrite, ... on c->pc.top (backend.c), down through
  *             filters and the cache to the plugin (docs/ARCHITECTURE.md);
