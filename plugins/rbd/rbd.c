@@ -83,6 +83,11 @@ struct rbdp_img {
 
 static pthread_mutex_t rbdp_imgs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct rbdp_img *rbdp_imgs;
+/* Images whose last connection went, for the closer thread (rbdp_closer). */
+static struct rbdp_img *rbdp_close_queue;
+static pthread_cond_t rbdp_close_cond = PTHREAD_COND_INITIALIZER;
+static pthread_t rbdp_closer_thread;
+static bool rbdp_closer_running, rbdp_closer_stop;
 
 struct rbdp_handle {
   struct rbdp_img *img;
@@ -215,6 +220,8 @@ rbdp_connect_hint (int err)
   }
 }
 
+static void *rbdp_closer (void *arg);
+
 /* The one cluster connection.  Runs after the server has daemonized. */
 static int
 rbdp_after_fork (void)
@@ -268,6 +275,12 @@ rbdp_after_fork (void)
   }
   if (rbdp_namespace)
     rados_ioctx_set_namespace (rbdp_io, rbdp_namespace);
+  r = pthread_create (&rbdp_closer_thread, NULL, rbdp_closer, NULL);
+  if (r != 0) {
+    nbdkit_error ("rbd: starting the image closer thread: %s", strerror (r));
+    goto fail;
+  }
+  rbdp_closer_running = true;
   rbdp_connected = true;
   nbdkit_debug ("rbd: connected to cluster '%s' as %s, pool '%s'%s%s",
                 rbdp_cluster_name, user, rbdp_pool,
@@ -385,10 +398,36 @@ rbdp_img_get (const char *name, bool readonly)
   return im;
 }
 
+/* The closer: one thread that closes images whose last connection went.
+ * rbd_close releases the exclusive lock and the watch, which waits for
+ * the OSDs: while one is away it waits as long as the cluster does, and
+ * blkd closes handles on its event-loop thread, which must not wait. */
+static void *
+rbdp_closer (void *arg)
+{
+  struct rbdp_img *im;
+
+  pthread_mutex_lock (&rbdp_imgs_lock);
+  for (;;) {
+    while (!rbdp_close_queue && !rbdp_closer_stop)
+      pthread_cond_wait (&rbdp_close_cond, &rbdp_imgs_lock);
+    im = rbdp_close_queue;
+    if (!im)
+      break;                          /* stopping, and nothing left */
+    rbdp_close_queue = im->next;
+    pthread_mutex_unlock (&rbdp_imgs_lock);
+    rbdp_img_free (im);
+    pthread_mutex_lock (&rbdp_imgs_lock);
+  }
+  pthread_mutex_unlock (&rbdp_imgs_lock);
+  return NULL;
+}
+
 static void
 rbdp_img_put (struct rbdp_img *im)
 {
   struct rbdp_img **pp;
+  bool queued = false;
 
   pthread_mutex_lock (&rbdp_imgs_lock);
   if (--im->refs > 0) {
@@ -398,17 +437,31 @@ rbdp_img_put (struct rbdp_img *im)
   for (pp = &rbdp_imgs; *pp != im; pp = &(*pp)->next)
     ;
   *pp = im->next;
+  if (rbdp_closer_running) {
+    im->next = rbdp_close_queue;
+    rbdp_close_queue = im;
+    pthread_cond_signal (&rbdp_close_cond);
+    queued = true;
+  }
   pthread_mutex_unlock (&rbdp_imgs_lock);
-  /* rbd_close waits for the image's outstanding requests, outside the
-   * lock so another export's open does not wait with it. */
-  rbdp_img_free (im);
+  if (!queued)
+    rbdp_img_free (im);
 }
 
 static void
 rbdp_cleanup (void)
 {
-  /* Every handle is closed by now; anything left is a server bug, but
-   * closing it keeps librbd from writing to a freed context. */
+  /* Every handle is closed by now; the closer finishes its queue. */
+  if (rbdp_closer_running) {
+    pthread_mutex_lock (&rbdp_imgs_lock);
+    rbdp_closer_stop = true;
+    pthread_cond_signal (&rbdp_close_cond);
+    pthread_mutex_unlock (&rbdp_imgs_lock);
+    pthread_join (rbdp_closer_thread, NULL);
+    rbdp_closer_running = false;
+  }
+  /* Anything left is a server bug; closing it keeps librbd from writing
+   * to a freed context. */
   while (rbdp_imgs) {
     struct rbdp_img *im = rbdp_imgs;
     rbdp_imgs = im->next;
