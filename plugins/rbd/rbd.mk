@@ -31,3 +31,9 @@ rbd-check: $(DEPS_STEP) check-build plugins/rbd/nbdkit-rbd-plugin.so
 bench-rbd: deps all plugins/rbd/nbdkit-rbd-plugin.so
 	@mkdir -p build/bench
 	bench/rbd.sh build/bench
+
+# The container image serving an RBD image (tests/rbd/test-rbd-container.sh).
+.PHONY: rbd-container-test
+rbd-container-test: container plugins/rbd/nbdkit-rbd-plugin.so
+	BLKD_CONTAINER_TEST=1 CONTAINER_IMAGE=$(CONTAINER_IMAGE) \
+	  tests/run.sh tests/rbd/test-rbd-container.sh
