@@ -45,10 +45,12 @@ ceph_() { timeout "$STEP_TIMEOUT" ceph -c "$CONF" --connect-timeout 10 "$@"; }
 pid_of() { local f=$DIR/run/$1.pid; [ -s "$f" ] && cat "$f"; }
 alive() { local p; p=$(pid_of "$1") && kill -0 "$p" 2>/dev/null; }
 
-# stop_daemon NAME: SIGTERM, wait, and only if it ignored that for
-# STOP_TIMEOUT seconds, SIGKILL (teardown only: the caller discards the data).
+# stop_daemon NAME [keep]: SIGTERM, wait, and only if it ignored that for
+# STOP_TIMEOUT seconds, SIGKILL (teardown only: the caller discards the
+# data).  With "keep" (osd-stop in the middle of a test) it never kills:
+# a SIGKILLed MemStore OSD would come back silently rolled back.
 stop_daemon() {
-  local name=$1 pid i
+  local name=$1 keep=${2:-} pid i
   pid=$(pid_of "$name") || return 0
   kill -0 "$pid" 2>/dev/null || { rm -f "$DIR/run/$name.pid"; return 0; }
   kill -TERM "$pid" 2>/dev/null || true
@@ -56,6 +58,7 @@ stop_daemon() {
     kill -0 "$pid" 2>/dev/null || { rm -f "$DIR/run/$name.pid"; return 0; }
     sleep 0.1
   done
+  [ -z "$keep" ] || die "$name (pid $pid) did not stop within ${STOP_TIMEOUT}s of SIGTERM"
   echo "cluster.sh: $name (pid $pid) ignored SIGTERM for ${STOP_TIMEOUT}s; killing it" >&2
   kill -KILL "$pid" 2>/dev/null || true
   rm -f "$DIR/run/$name.pid"
@@ -231,7 +234,7 @@ case $CMD in
   start) cmd_start "$@" ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
-  osd-stop) stop_daemon osd.0 ;;
+  osd-stop) stop_daemon osd.0 keep ;;
   osd-start) alive osd.0 || start_osd ;;
   *) die "unknown command $CMD" ;;
 esac
