@@ -18,6 +18,11 @@
 # plugin's synchronous calls on blkd's workers), so the extension's share is
 # measured, not assumed.
 #
+# Caches, as each server ships: qemu-nbd runs with --cache=none, for which
+# qemu's rbd driver turns librbd's cache off (rbd_cache=false); blkd, nbdkit's
+# python plugin and fio's engine keep librbd's default (on, writethrough until
+# the first flush).  CEPH_ARGS=--rbd_cache=false makes them all alike.
+#
 # Images are created with only layering,exclusive-lock: with fast-diff (and the
 # object map), qemu's rbd driver asks rbd_diff_iterate2 on every read, which is
 # a different workload, not a slower server.  Each server gets its own image (one

@@ -652,6 +652,11 @@ rbdp_req_cb (rbd_completion_t c, void *arg)
   ssize_t r = rbd_aio_get_return_value (c);
 
   rbd_aio_release (c);
+  /* librbd reads the whole range of an image (holes read as zeros), but
+   * should it ever come back short, the rest must not be whatever the
+   * server's recycled buffer held. */
+  if (req->op == RBDP_READ && r >= 0 && (size_t) r < req->count)
+    memset ((char *) req->buf + r, 0, req->count - r);
   if (r >= 0 && req->then_flush && req->op != RBDP_FLUSH) {
     r = rbdp_req_issue (req, RBDP_FLUSH);
     if (r == 0)
