@@ -23,7 +23,7 @@
  * completed write, and only a flush says it is on the OSDs.  Waiting: a
  * request waits as long as librados does; timeout=SECONDS sets
  * rados_osd_op_timeout, after which a request stuck on an absent OSD fails
- * with ETIMEDOUT instead.  connect-timeout bounds start-up (the mon
+ * with ETIMEDOUT instead (so do an image's open and close).  connect-timeout bounds start-up (the mon
  * handshake and authentication) so a wrong address never hangs it.
  *
  * Names here start with rbdp_: librbd owns the rbd_ prefix.
@@ -31,6 +31,10 @@
  * Limits, admitted: the export list is the pool's (namespace's) images at
  * the time of listing; an image resized while served keeps the size it
  * had when its first connection opened it until every connection closed.
+ * Under blkd, .open and .list_exports run on the event-loop thread and
+ * ask the cluster, so while the OSDs cannot answer they hold that shard
+ * (closing does not: rbdp_closer).  An error logged from librbd's
+ * completion thread names the image and range but not the connection.
  */
 
 #define NBDKIT_API_VERSION 2
@@ -237,7 +241,8 @@ rbdp_after_fork (void)
     rbdp_cluster = NULL;
     return -1;
   }
-  /* CEPH_ARGS and CEPH_CONF first, like the ceph tools, then the file. */
+  /* CEPH_ARGS, which outranks the file as it does for the ceph tools;
+   * then the file: conf=, else CEPH_CONF or Ceph's default places. */
   rados_conf_parse_env (rbdp_cluster, NULL);
   r = rados_conf_read_file (rbdp_cluster, rbdp_conf);
   if (r < 0) {
