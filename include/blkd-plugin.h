@@ -1,4 +1,4 @@
-/* blkd's optional plugin extension: lending held bytes instead of copying them (docs/PLUGINS.md). */
+/* blkd's optional plugin extension: lending held bytes instead of copying them, and requests completed later (docs/PLUGINS.md). */
 #ifndef BLKD_PLUGIN_H
 #define BLKD_PLUGIN_H
 
@@ -18,7 +18,9 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#define BLKD_PLUGIN_EXTENSION_VERSION 1
+/* 2 added the aio calls.  blkd reads any version from 1 up to its own and
+ * uses only the calls `size` says the plugin's struct holds. */
+#define BLKD_PLUGIN_EXTENSION_VERSION 2
 
 /* One lent range: pieces of memory that together hold the bytes asked
  * for, in order, each with the plugin's own token for it. */
@@ -29,6 +31,16 @@ struct blkd_lend {
   unsigned max;
   /* Set by the plugin. */
   unsigned n;
+};
+
+/* One request started with an aio call.  blkd sets complete; the plugin
+ * calls it exactly once, from any thread (its library's completion
+ * thread), with 0 or the request's errno, once it will touch neither the
+ * request's buffer nor this struct again.  It may even run before the aio
+ * call that started the request returns.  It does not block and takes no
+ * lock the plugin might hold while starting a request. */
+struct blkd_aio {
+  void (*complete) (struct blkd_aio *aio, int err);
 };
 
 struct blkd_plugin_extension {
@@ -70,6 +82,27 @@ struct blkd_plugin_extension {
                        uint32_t flags, struct blkd_lend *dst);
   int (*pwrite_commit) (void *handle, uint32_t count, uint64_t offset,
                         uint32_t flags, struct blkd_lend *dst, int ok);
+
+  /* Version 2.  Start a request and return without waiting for it: 0 says
+   * it started and done->complete will be called exactly once; -1 with
+   * errno says it did not start and complete will never be called
+   * (ENOTSUP: blkd makes the synchronous call instead, on a worker; any
+   * other errno is the request's error).  blkd calls these on its event
+   * loop threads, so they must not block: a plugin that would have to
+   * wait (a full queue, a lock held across I/O) answers ENOTSUP.  Used
+   * only when the plugin is the whole layer stack (no filter, no --cache)
+   * and its thread model is PARALLEL, and never with flags the matching
+   * synchronous call could not take (FUA only with can_fua NATIVE; zero
+   * flags as .zero gets them).  buf stays valid until complete. */
+  int (*aio_pread) (void *handle, void *buf, uint32_t count, uint64_t offset,
+                    uint32_t flags, struct blkd_aio *done);
+  int (*aio_pwrite) (void *handle, const void *buf, uint32_t count, uint64_t offset,
+                     uint32_t flags, struct blkd_aio *done);
+  int (*aio_flush) (void *handle, uint32_t flags, struct blkd_aio *done);
+  int (*aio_trim) (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+                   struct blkd_aio *done);
+  int (*aio_zero) (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+                   struct blkd_aio *done);
 };
 
 #endif

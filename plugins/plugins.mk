@@ -1,6 +1,10 @@
 # In-tree plugins: each builds to plugins/NAME/nbdkit-NAME-plugin.so and loads
 # in blkd and in nbdkit alike.
 PLUGIN_NAMES = ram rawio
+# A plugin with its own make fragment (plugins/NAME/NAME.mk) adds itself
+# to PLUGIN_NAMES, its packages to DEPS and its libraries to
+# PLUGIN_LIBS_NAME (the link line's tail).
+include $(wildcard plugins/*/*.mk)
 PLUGINS = $(foreach p,$(PLUGIN_NAMES),plugins/$(p)/nbdkit-$(p)-plugin.so)
 # Test-only plugins: built by `all` (the tests load them from the tree) but
 # kept out of PLUGINS, which is what `install` copies.  The top-level
@@ -24,7 +28,7 @@ clean-test-plugins:
 # rebuilds the ram plugin, nothing else.
 define plugin_rule
 plugins/$(1)/nbdkit-$(1)-plugin.so: $(patsubst %.c,$(PLUGIN_BUILD)/%.o,$(wildcard plugins/$(1)/*.c))
-	$$(CC) $$(PLUGIN_ALL_CFLAGS) -shared -o $$@ $$^ -pthread $$(LDFLAGS)
+	$$(CC) $$(PLUGIN_ALL_CFLAGS) -shared -o $$@ $$^ -pthread $$(LDFLAGS) $$(PLUGIN_LIBS_$(1))
 endef
 $(foreach p,$(PLUGIN_NAMES) $(PLUGIN_TEST_NAMES),$(eval $(call plugin_rule,$(p))))
 

@@ -571,6 +571,63 @@ backend_pwrite_commit (struct context *c, uint32_t count, uint64_t offset, uint3
   return checked (c->b->pwrite_commit (c, count, offset, ok ? flags : 0, dst, ok, err), err);
 }
 
+/* ---- asynchronous requests (blkd's extension) ------------------------ */
+
+bool
+backend_aio_ready (struct context *c)
+{
+  return c->b->aio && backend_model == NBDKIT_THREAD_MODEL_PARALLEL;
+}
+
+int
+backend_aio (struct context *c, enum backend_aio_op op, void *buf, uint32_t count,
+             uint64_t offset, uint32_t flags, struct blkd_aio *done, int *err)
+{
+  if (!c->b->aio || backend_model != NBDKIT_THREAD_MODEL_PARALLEL)
+    return refuse (err, ENOTSUP);
+  /* FUA the layer would emulate with a flush after the call: that second
+   * step belongs to the synchronous path. */
+  if ((flags & NBDKIT_FLAG_FUA) && backend_can_fua (c) != NBDKIT_FUA_NATIVE)
+    return refuse (err, ENOTSUP);
+  switch (op) {
+  case BACKEND_AIO_PREAD:
+    if (!valid_range (c, offset, count) || flags)
+      return refuse (err, EINVAL);
+    break;
+  case BACKEND_AIO_PWRITE:
+    if (backend_can_write (c) != 1)
+      return refuse (err, EROFS);
+    if (!valid_range (c, offset, count) || (flags & ~NBDKIT_FLAG_FUA))
+      return refuse (err, EINVAL);
+    break;
+  case BACKEND_AIO_FLUSH:
+    if (backend_can_flush (c) != 1 || flags)
+      return refuse (err, EINVAL);
+    break;
+  case BACKEND_AIO_TRIM:
+    if (backend_can_write (c) != 1)
+      return refuse (err, EROFS);
+    if (backend_can_trim (c) != 1 || !valid_range (c, offset, count)
+        || (flags & ~NBDKIT_FLAG_FUA))
+      return refuse (err, EINVAL);
+    break;
+  case BACKEND_AIO_ZERO:
+    if (backend_can_write (c) != 1)
+      return refuse (err, EROFS);
+    /* Emulated zeroing is a loop of writes: synchronous. */
+    if (backend_can_zero (c) != NBDKIT_ZERO_NATIVE)
+      return refuse (err, ENOTSUP);
+    if (!valid_range (c, offset, count)
+        || (flags & ~(NBDKIT_FLAG_MAY_TRIM | NBDKIT_FLAG_FUA | NBDKIT_FLAG_FAST_ZERO))
+        || ((flags & NBDKIT_FLAG_FAST_ZERO) && backend_can_fast_zero (c) != 1))
+      return refuse (err, EINVAL);
+    break;
+  default:
+    return refuse (err, EINVAL);
+  }
+  return checked (c->b->aio (c, op, buf, count, offset, flags, done, err), err);
+}
+
 /* ---- the connection's view of the stack ----------------------------- */
 
 void

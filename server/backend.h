@@ -31,6 +31,11 @@
 
 struct backend;
 struct blkd_lend;
+struct blkd_aio;
+
+/* The requests a layer can start without a thread waiting (backend_aio). */
+enum backend_aio_op { BACKEND_AIO_PREAD, BACKEND_AIO_PWRITE, BACKEND_AIO_FLUSH,
+                      BACKEND_AIO_TRIM, BACKEND_AIO_ZERO };
 
 struct context {
   struct nbdkit_next_ops next;      /* must be first: filters call through it */
@@ -122,6 +127,15 @@ struct backend {
                        struct blkd_lend *dst, int *err);
   int (*pwrite_commit) (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
                         struct blkd_lend *dst, bool ok, int *err);
+
+  /* blkd's asynchronous requests (include/blkd-plugin.h's aio calls):
+   * start op and return; 0 means done->complete will run exactly once,
+   * from any thread.  NULL, or -1 with *err ENOTSUP: the request takes
+   * the synchronous call on a worker.  Only the plugin layer has it: a
+   * filter or the cache cannot pass a completion through (they act on the
+   * data after the call below returns), so they leave it NULL. */
+  int (*aio) (struct context *c, enum backend_aio_op op, void *buf, uint32_t count,
+              uint64_t offset, uint32_t flags, struct blkd_aio *done, int *err);
 };
 
 /* ---- the stack (built by stack.c, main thread) ---------------------- */
@@ -215,6 +229,16 @@ int backend_pwrite_place (struct context *c, uint32_t count, uint64_t offset, ui
                           struct blkd_lend *dst, int *err);
 int backend_pwrite_commit (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
                            struct blkd_lend *dst, bool ok, int *err);
+
+/* Start a request without a waiting thread: 0 and done->complete later,
+ * or -1 and *err (ENOTSUP: make the synchronous call instead).  The same
+ * checks as the synchronous call; ENOTSUP also when the stack's thread
+ * model is not PARALLEL (a completion later would break the model's
+ * promise) or the flags need the layer's own emulation (FUA or zero the
+ * plugin does not do natively). */
+bool backend_aio_ready (struct context *c);   /* worth trying backend_aio */
+int backend_aio (struct context *c, enum backend_aio_op op, void *buf, uint32_t count,
+                 uint64_t offset, uint32_t flags, struct blkd_aio *done, int *err);
 
 /* The thread-local context that nbdkit_next_context_open (filter.c)
  * checks against, set around each layer's .open as nbdkit does. */

@@ -12,9 +12,10 @@
  *             pool, protocol_validate, attach_buffer (a WRITE's payload is
  *             read by read_some into its buffer first); or park on the pool
  *             with shard_wait_buffers, retried by protocol_retry_stalled
- *  dispatch   start_request → shard_dispatch (shard.c): inline on the shard
- *             thread, or queue_push (queue.c) to a worker that runs
- *             shard_run_request
+ *  dispatch   start_request → shard_dispatch (shard.c): protocol_start_aio
+ *             when the plugin completes requests itself (aio: its thread
+ *             calls shard_complete), else inline on the shard thread, or
+ *             queue_push (queue.c) to a worker that runs shard_run_request
  *  backend    protocol_execute → backend (layer stack): backend_pread,
  *             backend_pwrite, ... on c->pc.top (backend.c), down through
  *             filters and the cache to the plugin (docs/ARCHITECTURE.md);
@@ -44,6 +45,7 @@
 #include "monotime.h"
 #include "nbd-proto.h"
 #include "public.h"
+#include "blkd-plugin.h"
 
 struct event_base;
 struct event;
@@ -218,6 +220,7 @@ struct plugin_lend_stats {
   uint64_t lent_bytes;            /* lent to replies not yet sent */
   uint64_t lent_replies, sendfile_replies, placed_writes;   /* totals */
   uint64_t placed_bytes;          /* placed payloads not yet committed */
+  uint64_t aio_started;           /* requests the plugin completed later (aio) */
 };
 void plugin_lend_stats (struct plugin_lend_stats *out);
 
@@ -288,6 +291,11 @@ struct request {
   uint32_t send_len;
   uint64_t send_off;
   void *lent_token[REQ_LEND_MAX];
+  /* Started with the plugin's aio call (blkd's extension): the plugin
+   * calls aio.complete from its thread, which hands r back to the shard
+   * as a worker would.  aio_t0: delay accounting's start. */
+  struct blkd_aio aio;
+  uint64_t aio_t0;
 };
 
 /* A request from the shard's pool, reset; NULL when out of memory. */
@@ -297,6 +305,9 @@ void request_put (struct iobuf_pool *p, struct request *r);
 int protocol_validate (struct conn *c, const struct request *r);
 /* Run the plugin call for r (shard thread or worker). */
 void protocol_execute (struct request *r);
+/* Start r with the plugin's aio call (shard thread): true when started
+ * (or failed at once and answered); false: run it with protocol_execute. */
+bool protocol_start_aio (struct request *r);
 uint32_t protocol_nbd_error (int err, const struct request *r);
 /* Where a WRITE's payload from byte `have` on goes: at most max iovecs
  * (the pool buffer, or the pieces of a placed write); 0 when complete. */

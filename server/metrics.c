@@ -267,6 +267,9 @@ on_metrics (struct evhttp_request *req, void *arg)
           "Plugin memory holding WRITE payloads not yet committed.", ls.placed_bytes);
   scalar (b, "blkd_write_placed_total", "counter",
           "WRITE payloads received in place and committed.", ls.placed_writes);
+  scalar (b, "blkd_plugin_aio_total", "counter",
+          "Requests the plugin started with its aio calls and completed later.",
+          ls.aio_started);
 
   head (b, "blkd_iobuf_pool_bytes", "gauge", "Request buffer pool memory, by shard.");
   for (int i = 0; i < stats_nshards (); i++)

@@ -27,6 +27,7 @@ static struct backend layer;       /* defined at the end */
 static const struct blkd_plugin_extension *ext;
 static struct {
   atomic_ullong lent_bytes, lent_replies, sendfile_replies, placed_bytes, placed_writes;
+  atomic_ullong aio_started;
 } lend_stats;                       /* any thread */
 
 /* Writes nobody sees the data of: zero emulation through pwrite. */
@@ -77,7 +78,7 @@ plugin_open_dl (const char *name)
     return -1;
   }
   ext = dlsym (dl, "blkd_plugin_extension");
-  if (ext && (ext->version != BLKD_PLUGIN_EXTENSION_VERSION
+  if (ext && (ext->version < 1 || ext->version > BLKD_PLUGIN_EXTENSION_VERSION
               || ext->size < offsetof (struct blkd_plugin_extension, lend_release)
                              + sizeof ext->lend_release)) {
     fprintf (stderr, "blkd: %s: blkd_plugin_extension version %u size %u not understood; "
@@ -543,11 +544,14 @@ plugin_extents (struct context *c, uint32_t count, uint64_t offset, uint32_t fla
   (ext && ext->size >= offsetof (struct blkd_plugin_extension, field) + sizeof ext->field \
    && ext->field)
 
-/* The plugin's failure as the stack's: ENOTSUP (or E2BIG) means copy. */
+/* The plugin's failure as the stack's: ENOTSUP (or E2BIG) means copy.
+ * include/blkd-plugin.h promises that errno counts in these calls even
+ * for a plugin without errno_is_preserved (nbdkit_set_error wins). */
 static inline int
 ext_fail (int *err, int saved_errno)
 {
-  *err = callback_error (saved_errno);
+  int e = public_take_error ();
+  *err = e > 0 ? e : saved_errno > 0 ? saved_errno : EIO;
   if (*err == EOPNOTSUPP)
     *err = ENOTSUP;
   return -1;
@@ -628,6 +632,46 @@ plugin_pwrite_commit (struct context *c, uint32_t count, uint64_t offset, uint32
   return r;
 }
 
+/* The aio calls (blkd's extension): the plugin starts the request and
+ * calls done->complete later, from its own thread.  backend_aio checked
+ * the flags; FUA reaches here only when the plugin does it natively. */
+static int
+plugin_aio (struct context *c, enum backend_aio_op op, void *buf, uint32_t count,
+            uint64_t offset, uint32_t flags, struct blkd_aio *done, int *err)
+{
+  int r;
+
+  public_last_error = 0;
+  switch (op) {
+  case BACKEND_AIO_PREAD:
+    r = EXT_HAS (aio_pread) ? ext->aio_pread (c->handle, buf, count, offset, 0, done) : -2;
+    break;
+  case BACKEND_AIO_PWRITE:
+    r = EXT_HAS (aio_pwrite) ? ext->aio_pwrite (c->handle, buf, count, offset, flags, done)
+                             : -2;
+    break;
+  case BACKEND_AIO_FLUSH:
+    r = EXT_HAS (aio_flush) ? ext->aio_flush (c->handle, 0, done) : -2;
+    break;
+  case BACKEND_AIO_TRIM:
+    r = EXT_HAS (aio_trim) ? ext->aio_trim (c->handle, count, offset, flags, done) : -2;
+    break;
+  case BACKEND_AIO_ZERO:
+    r = EXT_HAS (aio_zero) ? ext->aio_zero (c->handle, count, offset, flags, done) : -2;
+    break;
+  default:
+    r = -2;
+  }
+  if (r == -2) {                    /* the plugin has no such call */
+    *err = ENOTSUP;
+    return -1;
+  }
+  if (r == -1)
+    return ext_fail (err, errno);
+  atomic_fetch_add (&lend_stats.aio_started, 1);
+  return 0;
+}
+
 /* ---- the layer ------------------------------------------------------ */
 
 static struct backend layer = {
@@ -688,6 +732,10 @@ plugin_layer_load (const char *name)
   layer.next = NULL;
   layer.i = 0;
   layer.inline_safe = false;
+  /* Only a plugin with aio calls gets the operation: for every other one
+   * the stack says "no aio" without a call per request. */
+  layer.aio = EXT_HAS (aio_pread) || EXT_HAS (aio_pwrite) || EXT_HAS (aio_flush)
+              || EXT_HAS (aio_trim) || EXT_HAS (aio_zero) ? plugin_aio : NULL;
   for (int i = 0; inline_plugins[i]; i++)
     if (strcmp (p.name, inline_plugins[i]) == 0)
       layer.inline_safe = true;
@@ -733,4 +781,5 @@ plugin_lend_stats (struct plugin_lend_stats *out)
   out->sendfile_replies = atomic_load (&lend_stats.sendfile_replies);
   out->placed_bytes = atomic_load (&lend_stats.placed_bytes);
   out->placed_writes = atomic_load (&lend_stats.placed_writes);
+  out->aio_started = atomic_load (&lend_stats.aio_started);
 }

@@ -2,6 +2,7 @@
  * stack (backend_* on the connection's outermost context), build simple or
  * structured replies, and map errno to NBD errors. */
 #include <endian.h>
+#include <stddef.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -429,6 +430,19 @@ protocol_release (struct request *r)
   }
 }
 
+/* Asking for extents costs a plugin call: on tmpfs, SEEK_HOLE walks
+ * every page up to the next hole, which made 256k reads of a full 1 GiB
+ * file 40x slower.  "auto" asks only in-memory plugins. */
+static bool
+read_wants_extents (const struct request *r)
+{
+  const struct conn *c = r->conn;
+  bool sparse = cfg.sparse_reads == SPARSE_READS_YES
+    || (cfg.sparse_reads == SPARSE_READS_AUTO && backend_inline_safe ());
+  return c->structured && sparse && !(r->flags & NBD_CMD_FLAG_DF)
+         && c->pc.caps.can_extents && r->count >= SPARSE_READ_MIN;
+}
+
 static int
 do_read (struct request *r)
 {
@@ -436,13 +450,7 @@ do_read (struct request *r)
   struct read_piece pc[REQ_MAX_CHUNKS];
   unsigned n = 0;
 
-  /* Asking for extents costs a plugin call: on tmpfs, SEEK_HOLE walks
-   * every page up to the next hole, which made 256k reads of a full 1 GiB
-   * file 40x slower.  "auto" asks only in-memory plugins. */
-  bool sparse = cfg.sparse_reads == SPARSE_READS_YES
-    || (cfg.sparse_reads == SPARSE_READS_AUTO && backend_inline_safe ());
-  if (c->structured && sparse && !(r->flags & NBD_CMD_FLAG_DF)
-      && c->pc.caps.can_extents && r->count >= SPARSE_READ_MIN)
+  if (read_wants_extents (r))
     n = plan_sparse_read (r, pc);
   if (n == 0) {
     int err = read_lent (r);
@@ -503,6 +511,22 @@ do_block_status (struct request *r)
   return 0;
 }
 
+/* The request's result into its reply (a READ's data reply, when it
+ * succeeded, is already built). */
+static void
+finish_request (struct request *r, int err)
+{
+  r->error = err;
+  if (err) {
+    if (err != ENOTSUP || !(r->flags & NBD_CMD_FLAG_FAST_ZERO))
+      log_debug ("%s offset %llu count %u failed: %s", nbd_cmd_name (r->type),
+                 (unsigned long long) r->offset, r->count, strerror (err));
+    put_error (r);
+  }
+  else if (r->type != NBD_CMD_READ && r->type != NBD_CMD_BLOCK_STATUS)
+    put_simple (r, 0);
+}
+
 void
 protocol_execute (struct request *r)
 {
@@ -553,15 +577,92 @@ protocol_execute (struct request *r)
   }
   backend_unlock_request (&c->pc);
   delayacct_plugin_end (r, t0);
-  r->error = err;
-  if (err) {
-    if (err != ENOTSUP || !(r->flags & NBD_CMD_FLAG_FAST_ZERO))
-      log_debug ("%s offset %llu count %u failed: %s", nbd_cmd_name (r->type),
-                 (unsigned long long) r->offset, r->count, strerror (err));
-    put_error (r);
+  finish_request (r, err);
+}
+
+/* ---- asynchronous requests (blkd's extension) ------------------------ */
+
+/* The plugin's completion, on its own thread: the reply is built here, as
+ * a worker builds it, and r goes back to its shard the way a worker's
+ * request does (shard_complete).  r->conn stays allocated meanwhile: r
+ * counts in its inflight, so a hangup waits for this. */
+static void
+aio_complete (struct blkd_aio *a, int err)
+{
+  struct request *r = (struct request *) ((char *) a - offsetof (struct request, aio));
+
+  delayacct_plugin_end (r, r->aio_t0);
+  log_current = &r->conn->log;
+  if (!err && r->type == NBD_CMD_READ) {
+    struct read_piece whole = { r->offset, r->count, false };
+    put_read_reply (r, &whole, 1);
   }
-  else if (r->type != NBD_CMD_READ && r->type != NBD_CMD_BLOCK_STATUS)
-    put_simple (r, 0);
+  finish_request (r, err);
+  log_current = NULL;
+  shard_complete (r);
+}
+
+/* Reads that would be split by extents or lent, and placed writes, keep
+ * their synchronous paths: the aio calls move whole buffers only. */
+bool
+protocol_start_aio (struct request *r)
+{
+  struct conn *c = r->conn;
+  struct context *top = c->pc.top;
+  uint32_t flags = request_fua (c, r);
+  enum backend_aio_op op;
+  void *buf = NULL;
+
+  if (!backend_aio_ready (top))
+    return false;
+  switch (r->type) {
+  case NBD_CMD_READ:
+    if (read_wants_extents (r))
+      return false;
+    op = BACKEND_AIO_PREAD;
+    buf = r->buf->data;
+    flags = 0;
+    break;
+  case NBD_CMD_WRITE:
+    if (r->placed)
+      return false;
+    op = BACKEND_AIO_PWRITE;
+    buf = r->buf->data;
+    break;
+  case NBD_CMD_FLUSH:
+    op = BACKEND_AIO_FLUSH;
+    flags = 0;
+    break;
+  case NBD_CMD_TRIM:
+    op = BACKEND_AIO_TRIM;
+    break;
+  case NBD_CMD_WRITE_ZEROES:
+    op = BACKEND_AIO_ZERO;
+    flags |= (r->flags & NBD_CMD_FLAG_NO_HOLE ? 0 : NBDKIT_FLAG_MAY_TRIM)
+             | (r->flags & NBD_CMD_FLAG_FAST_ZERO ? NBDKIT_FLAG_FAST_ZERO : 0);
+    break;
+  default:
+    return false;
+  }
+
+  log_current = &c->log;
+  r->aio.complete = aio_complete;
+  /* Limit, admitted: when the plugin declines this one request (ENOTSUP)
+   * the synchronous path times it again, and --delayacct=locked then
+   * counts its queued time twice. */
+  r->aio_t0 = delayacct_plugin_begin (r);
+  int err = 0;
+  backend_lock_request (&c->pc);
+  int rc = backend_aio (top, op, buf, r->count, r->offset, flags, &r->aio, &err);
+  backend_unlock_request (&c->pc);
+  if (rc == 0)
+    return true;                    /* r belongs to the plugin until complete */
+  if (err == ENOTSUP)
+    return false;
+  delayacct_plugin_end (r, r->aio_t0);
+  finish_request (r, err);
+  conn_on_complete (r);
+  return true;
 }
 
 /* ---- input --------------------------------------------------------- */

@@ -53,6 +53,9 @@ shard_dispatch (struct request *r)
 {
   struct shard *s = r->conn->shard;
 
+  /* A plugin that completes requests itself (aio) needs no thread here. */
+  if (protocol_start_aio (r))
+    return;
   if (dispatch_inline ()) {
     log_current = &r->conn->log;
     protocol_execute (r);

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# Serving a Ceph RBD image over NBD: blkd's rbd plugin against qemu-nbd (qemu's rbd driver) and
+# nbdkit (its python plugin over python3-rbd), with fio's rbd engine and `rbd bench` (librbd
+# directly, no NBD hop) as the ceiling, on a throw-away one-node MemStore cluster.
+#
+#   bench/rbd.sh OUTDIR            (env: ROUNDS=3 RUN_SECONDS=10 SIZE=256M BLKD=./blkd
+#                                   WORKLOADS="randread-1 randread-4 randwrite-1 ...")
+#
+# Workloads (fio; NBD servers through fio's nbd engine): 4k random read and write
+# at QD32 on 1 connection and on 4 (4 jobs x QD32), 64 KiB and 1 MiB sequential
+# read and write at QD8.  Runs alternate: every round runs each workload once on
+# every server, so a drift in the machine's load hits all of them alike.
+#
+# Per run: IOPS, MiB/s, and the server's CPU (utime+stime of all its threads,
+# librbd's included, from /proc/PID/stat) per request.  The librbd-direct rows
+# have no server: their CPU column is fio's process, librbd's threads included.
+# blkd runs twice: with its aio path (the default) and with aio=false (the
+# plugin's synchronous calls on blkd's workers), so the extension's share is
+# measured, not assumed.
+#
+# Caches, as each server ships: qemu-nbd runs with --cache=none, for which
+# qemu's rbd driver turns librbd's cache off (rbd_cache=false); blkd, nbdkit's
+# python plugin and fio's engine keep librbd's default (on, writethrough until
+# the first flush).  CEPH_ARGS=--rbd_cache=false makes them all alike.
+#
+# Images are created with only layering,exclusive-lock: with fast-diff (and the
+# object map), qemu's rbd driver asks rbd_diff_iterate2 on every read, which is
+# a different workload, not a slower server.  Each server gets its own image (one
+# writer per exclusive lock: no lock bouncing between servers), all filled with
+# data first, so no read is answered from a missing object.  fio's rbd engine
+# with 4 jobs would be 4 librbd clients bouncing one image's lock, so the
+# librbd-direct "4 connections" rows are 1 job at QD128 (the same depth).
+#
+# What bounds these figures: one MemStore OSD, its mon, the servers and fio all
+# share this machine's CPUs; the OSD's CPU is usually the limit, so compare
+# ratios from one invocation only, and publish nothing from a loaded machine.
+# Prints each run, then per workload the median and the ratios to blkd;
+# OUTDIR/rbd.md gets the table (with `uptime` before and after).
+set -euo pipefail
+TOP=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${1:?usage: bench/rbd.sh OUTDIR}
+ROUNDS=${ROUNDS:-3}
+SECS=${RUN_SECONDS:-10}
+SIZE=${SIZE:-256M}
+BLKD=${BLKD:-$TOP/blkd}
+SO=$TOP/plugins/rbd/nbdkit-rbd-plugin.so
+WORKLOADS=${WORKLOADS:-"randread-1 randread-4 randwrite-1 randwrite-4 read64k write64k read1m write1m"}
+PY=/usr/bin/python3
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+for b in fio qemu-nbd nbdkit rbd ceph-mon ceph-osd; do
+  command -v "$b" >/dev/null || { echo "bench/rbd.sh: $b is not installed" >&2; exit 1; }
+done
+[ -x "$BLKD" ] && [ -f "$SO" ] || { echo "bench/rbd.sh: build blkd and the rbd plugin first" >&2; exit 1; }
+fio --enghelp 2>/dev/null | grep -qx '[[:space:]]*rbd' || { echo "fio has no rbd engine" >&2; exit 1; }
+
+W=$(mktemp -d /tmp/blkd-bench-rbd.XXXXXX)
+PIDS=()
+finish() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  "$TOP/tests/rbd/cluster.sh" stop "$W/ceph" || true
+  rm -rf "$W"
+}
+trap finish EXIT
+
+echo "uptime before: $(uptime)" | tee "$OUT/rbd.uptime"
+RBD_CLUSTER_BYTES=$((3 << 30)) "$TOP/tests/rbd/cluster.sh" start "$W/ceph"
+export CEPH_CONF=$W/ceph/ceph.conf
+
+SERVERS="blkd blkd-noaio qemu-nbd nbdkit-py librbd"
+for s in $SERVERS; do
+  timeout 60 rbd create --size "$SIZE" --image-feature layering,exclusive-lock "img-$s"
+  timeout 600 rbd bench --io-type write --io-size 4M --io-pattern seq --io-total "$SIZE" \
+    "img-$s" >/dev/null
+done
+
+# start NAME CMD...: a server on a port of its own; NAME's port and pid.
+declare -A PORT=() SPID=()
+free_port() { $PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+start() {
+  local name=$1 port i; shift
+  port=$(free_port)
+  "${@//@PORT@/$port}" >"$W/$name.log" 2>&1 &
+  PIDS+=("$!"); SPID[$name]=$!; PORT[$name]=$port
+  for ((i = 0; i < 200; i++)); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+    kill -0 "${SPID[$name]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  cat "$W/$name.log" >&2; echo "bench/rbd.sh: $name did not start" >&2; exit 1
+}
+start blkd "$BLKD" -f -i 127.0.0.1 -p @PORT@ "$SO" conf="$CEPH_CONF" image=img-blkd
+start blkd-noaio "$BLKD" -f -i 127.0.0.1 -p @PORT@ "$SO" conf="$CEPH_CONF" image=img-blkd-noaio aio=false
+# qemu-nbd: --shared=8 lets the 4-connection runs in; cache=none: no qemu cache above librbd's.
+start qemu-nbd qemu-nbd --persistent -b 127.0.0.1 -p @PORT@ -f raw --shared=8 --cache=none --aio=threads \
+  "rbd:rbd/img-qemu-nbd:conf=$CEPH_CONF"
+start nbdkit-py nbdkit -f -i 127.0.0.1 -p @PORT@ python "$TOP/bench/nbdkit-rbd.py" \
+  conf="$CEPH_CONF" image=img-nbdkit-py
+
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+
+# fio_args WORKLOAD: rw, bs, iodepth, numjobs.
+fio_args() {
+  case $1 in
+    randread-1) echo "randread 4k 32 1" ;;  randread-4) echo "randread 4k 32 4" ;;
+    randwrite-1) echo "randwrite 4k 32 1" ;; randwrite-4) echo "randwrite 4k 32 4" ;;
+    read64k) echo "read 64k 8 1" ;;  write64k) echo "write 64k 8 1" ;;
+    read1m) echo "read 1m 8 1" ;;    write1m) echo "write 1m 8 1" ;;
+    *) echo "unknown workload $1" >&2; exit 1 ;;
+  esac
+}
+
+# run SERVER WORKLOAD: one fio run; appends "server workload iops mibs cpu_us" to results.
+# CPU: the server's ticks over the run; for librbd-direct, fio's own process
+# (its librbd threads included), from /usr/bin/time.
+run() {
+  local s=$1 wl=$2 rw bs qd jobs eng t0 t1 pid cpu
+  read -r rw bs qd jobs <<<"$(fio_args "$wl")"
+  if [ "$s" = librbd ]; then
+    [ "$jobs" = 4 ] && { qd=$((qd * 4)); jobs=1; }
+    eng=(--ioengine=rbd --clientname=admin --pool=rbd --rbdname=img-librbd)
+  else
+    eng=(--ioengine=nbd --uri="nbd://127.0.0.1:${PORT[$s]}/")
+  fi
+  pid=${SPID[$s]:-}
+  t0=$([ -n "$pid" ] && cpu_ticks "$pid" || echo 0)
+  /usr/bin/time -f "%U %S" -o "$W/time.out" \
+    fio --name="$s-$wl" "${eng[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$jobs" \
+      --size="$SIZE" --time_based --runtime="$SECS" --ramp_time=1 --group_reporting \
+      --output-format=json --output="$W/fio.json" >/dev/null 2>"$W/fio.err" \
+    || { cat "$W/fio.err" >&2; echo "bench/rbd.sh: fio failed ($s $wl)" >&2; exit 1; }
+  if [ -n "$pid" ]; then
+    t1=$(cpu_ticks "$pid")
+    cpu=$(echo "($t1 - $t0) / $HZ" | bc -l)
+  else
+    cpu=$(awk '{ print $1 + $2 }' "$W/time.out")
+  fi
+  # The CPU covers the whole run (ramp included), the requests only those
+  # after the ramp: a slight overestimate, the same for every server.
+  $PY - "$W/fio.json" "$s" "$wl" "$cpu" <<'EOF' | tee -a "$W/results"
+import json, sys
+f, s, wl, cpu = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+j = json.load(open(f))["jobs"][0]
+ios = j["read"]["total_ios"] + j["write"]["total_ios"]
+iops = j["read"]["iops"] + j["write"]["iops"]
+mibs = (j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 2**20
+print("%s %s %.0f %.1f %.1f" % (s, wl, iops, mibs, cpu * 1e6 / max(ios, 1)))
+EOF
+}
+
+: >"$W/results"
+for ((r = 1; r <= ROUNDS; r++)); do
+  echo "--- round $r of $ROUNDS"
+  for wl in $WORKLOADS; do
+    for s in $SERVERS; do run "$s" "$wl"; done
+  done
+done
+
+# rbd bench on the same cluster: librbd's own tool, 4k random, 32 threads.
+for t in read write; do
+  ops=$(timeout 300 rbd bench --io-type "$t" --io-size 4K --io-threads 32 --io-pattern rand \
+        --io-total $((SECS * 8000 * 4096)) img-librbd 2>/dev/null \
+        | sed -nE 's/.*elapsed: *[0-9.]+ +ops: *[0-9]+ +ops\/sec: *([0-9.]+).*/\1/p')
+  echo "rbd-bench rand$t-1 ${ops:-0} $(echo "${ops:-0} * 4 / 1024" | bc -l | xargs printf '%.1f') 0" \
+    | tee -a "$W/results"
+done
+echo "uptime after: $(uptime)" | tee -a "$OUT/rbd.uptime"
+
+$PY - "$W/results" "$OUT/rbd.md" "$ROUNDS" "$SECS" "$OUT/rbd.uptime" <<'EOF'
+import statistics, sys
+from collections import defaultdict
+res, out, rounds, secs, up = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+runs = defaultdict(list)
+for line in open(res):
+    s, wl, iops, mibs, cpu = line.split()
+    runs[(wl, s)].append((float(iops), float(mibs), float(cpu)))
+wls = list(dict.fromkeys(k[0] for k in runs))
+servers = list(dict.fromkeys(k[1] for k in runs))
+lines = ["# rbd: NBD servers over one MemStore OSD (bench/rbd.sh)", "",
+         "%s rounds of %s s, medians; ratios against blkd (aio path)." % (rounds, secs),
+         "Only ratios from one run mean anything; the OSD shares the machine's CPUs.", "",
+         "```", open(up).read().strip(), "```", "",
+         "| workload | server | IOPS | MiB/s | server CPU us/request | IOPS vs blkd | CPU vs blkd |",
+         "|---|---|---|---|---|---|---|"]
+for wl in wls:
+    base = runs.get((wl, "blkd"))
+    bi = statistics.median(r[0] for r in base) if base else 0
+    bc = statistics.median(r[2] for r in base) if base else 0
+    for s in servers:
+        if (wl, s) not in runs:
+            continue
+        v = runs[(wl, s)]
+        i, m, c = (statistics.median(r[k] for r in v) for k in range(3))
+        ri = "%.2f" % (i / bi) if bi else "-"
+        rc = "%.2f" % (c / bc) if bc and c and s not in ("librbd", "rbd-bench") else "-"
+        cs = "%.1f" % c if s != "rbd-bench" else "-"
+        lines.append("| %s | %s | %.0f | %.1f | %s | %s | %s |" % (wl, s, i, m, cs, ri, rc))
+open(out, "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF

@@ -1,0 +1,1045 @@
+/* rbd plugin: serves Ceph RBD images through librbd (one cluster connection, one open image per export). */
+
+/* Shape.  The process holds ONE cluster connection (rados_t) and one I/O
+ * context on pool/namespace, made in .after_fork: librbd starts about 16
+ * threads per cluster handle, and a fork (blkd's or nbdkit's daemonizing)
+ * would leave them behind in the parent.  Each export name is an image;
+ * the image is opened on the first connection that asks for it and shared,
+ * refcounted, by every later connection to it, so
+ * - the image's exclusive lock is taken once by this process and never
+ *   bounces between connections of one client (multi-conn);
+ * - librbd's cache is one per image, so a flush on any connection flushes
+ *   what every connection wrote: multi-conn is safe and advertised.
+ * The image is closed when its last connection goes.
+ *
+ * Requests go through librbd's asynchronous calls.  The nbdkit callbacks
+ * start one and wait for its completion (PARALLEL: librbd is thread-safe,
+ * so as many requests are in flight as the server has threads).  Under
+ * blkd the same requests can be started without a waiting thread and
+ * completed from librbd's completion thread (include/blkd-plugin.h).
+ *
+ * FUA is the write followed by a flush of the image, chained in the
+ * completion: librbd's cache (rbd cache = true by default) may hold a
+ * completed write, and only a flush says it is on the OSDs.  Waiting: a
+ * request waits as long as librados does; timeout=SECONDS sets
+ * rados_osd_op_timeout, after which a request stuck on an absent OSD fails
+ * with ETIMEDOUT instead (so do an image's open and close).  connect-timeout bounds start-up (the mon
+ * handshake and authentication) so a wrong address never hangs it.
+ *
+ * Names here start with rbdp_: librbd owns the rbd_ prefix.
+ *
+ * Limits, admitted: the export list is the pool's (namespace's) images at
+ * the time of listing; an image resized while served keeps the size it
+ * had when its first connection opened it until every connection closed.
+ * Under blkd, .open and .list_exports run on the event-loop thread and
+ * ask the cluster, so while the OSDs cannot answer they hold that shard
+ * (closing does not: rbdp_closer).  An error logged from librbd's
+ * completion thread names the image and range but not the connection.
+ */
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+
+#include "blkd-plugin.h"
+
+#include <rados/librados.h>
+#include <rbd/librbd.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
+
+/* Parameters (config). */
+static const char *rbdp_pool = "rbd";
+static const char *rbdp_namespace;
+static const char *rbdp_image;         /* the default export */
+static const char *rbdp_snap;
+static const char *rbdp_id;            /* the client name without "client." */
+static const char *rbdp_conf;
+static const char *rbdp_keyring;
+static const char *rbdp_cluster_name = "ceph";
+static unsigned rbdp_timeout;          /* 0: as long as the cluster waits */
+static unsigned rbdp_connect_timeout = 20;
+static bool rbdp_use_aio = true;      /* aio=false: blkd waits on workers */
+
+static rados_t rbdp_cluster;
+static rados_ioctx_t rbdp_io;
+static bool rbdp_connected;
+
+/* One open image, shared by every connection to its export. */
+struct rbdp_img {
+  struct rbdp_img *next;
+  char *name;
+  bool readonly;
+  unsigned refs;
+  rbd_image_t image;
+  uint64_t size;
+  bool object_map;                    /* block status from rbd_diff_iterate2 */
+};
+
+static pthread_mutex_t rbdp_imgs_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct rbdp_img *rbdp_imgs;
+/* Images whose last connection went, for the closer thread (rbdp_closer). */
+static struct rbdp_img *rbdp_close_queue;
+static pthread_cond_t rbdp_close_cond = PTHREAD_COND_INITIALIZER;
+static pthread_t rbdp_closer_thread;
+static bool rbdp_closer_running, rbdp_closer_stop;
+
+struct rbdp_handle {
+  struct rbdp_img *img;
+  bool readonly;
+};
+
+/* ---- configuration --------------------------------------------------- */
+
+static int
+rbdp_parse_seconds (const char *key, const char *value, unsigned *out)
+{
+  char *end;
+  unsigned long v;
+
+  errno = 0;
+  v = strtoul (value, &end, 10);
+  if (errno || end == value || *end || v > 86400) {
+    nbdkit_error ("rbd: %s=%s: expected whole seconds, 0 to 86400", key, value);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+static int
+rbdp_config (const char *key, const char *value)
+{
+  if (strcmp (key, "pool") == 0)
+    rbdp_pool = value;
+  else if (strcmp (key, "namespace") == 0)
+    rbdp_namespace = value;
+  else if (strcmp (key, "image") == 0)
+    rbdp_image = value;
+  else if (strcmp (key, "snap") == 0)
+    rbdp_snap = value;
+  else if (strcmp (key, "id") == 0 || strcmp (key, "user") == 0)
+    rbdp_id = value;
+  else if (strcmp (key, "conf") == 0)
+    rbdp_conf = value;
+  else if (strcmp (key, "keyring") == 0)
+    rbdp_keyring = value;
+  else if (strcmp (key, "cluster") == 0)
+    rbdp_cluster_name = value;
+  else if (strcmp (key, "timeout") == 0)
+    return rbdp_parse_seconds (key, value, &rbdp_timeout);
+  else if (strcmp (key, "connect-timeout") == 0)
+    return rbdp_parse_seconds (key, value, &rbdp_connect_timeout);
+  else if (strcmp (key, "aio") == 0) {
+    int b = nbdkit_parse_bool (value);
+    if (b == -1)
+      return -1;
+    rbdp_use_aio = b;
+    return 0;
+  }
+  else {
+    nbdkit_error ("rbd: unknown parameter '%s'", key);
+    return -1;
+  }
+  if (*value == '\0' && strcmp (key, "namespace") != 0) {
+    nbdkit_error ("rbd: %s= must not be empty", key);
+    return -1;
+  }
+  return 0;
+}
+
+static int
+rbdp_config_complete (void)
+{
+  if (strncmp (rbdp_id ? rbdp_id : "", "client.", 7) == 0)
+    rbdp_id += 7;                      /* id=client.foo means id=foo */
+  if (rbdp_connect_timeout == 0) {
+    nbdkit_error ("rbd: connect-timeout must be at least 1 second");
+    return -1;
+  }
+  return 0;
+}
+
+/* Validation that needs no cluster: a conf or keyring named but absent is
+ * reported before anything starts. */
+static int
+rbdp_get_ready (void)
+{
+  if (rbdp_conf && access (rbdp_conf, R_OK) == -1) {
+    nbdkit_error ("rbd: conf=%s: %m", rbdp_conf);
+    return -1;
+  }
+  if (rbdp_keyring && access (rbdp_keyring, R_OK) == -1) {
+    nbdkit_error ("rbd: keyring=%s: %m", rbdp_keyring);
+    return -1;
+  }
+  return 0;
+}
+
+static void
+rbdp_disconnect (void)
+{
+  if (rbdp_io) {
+    rados_ioctx_destroy (rbdp_io);
+    rbdp_io = NULL;
+  }
+  if (rbdp_cluster) {
+    rados_shutdown (rbdp_cluster);
+    rbdp_cluster = NULL;
+  }
+  rbdp_connected = false;
+}
+
+static int
+rbdp_set (const char *opt, const char *val)
+{
+  int r = rados_conf_set (rbdp_cluster, opt, val);
+  if (r < 0) {
+    nbdkit_error ("rbd: setting %s=%s: %s", opt, val, strerror (-r));
+    return -1;
+  }
+  return 0;
+}
+
+/* What a user can do about a failed rados_connect. */
+static const char *
+rbdp_connect_hint (int err)
+{
+  switch (err) {
+  case ENOENT: return " (no keyring found: set keyring= or put one where ceph.conf says)";
+  case EACCES:
+  case EPERM: return " (authentication failed: check the key in the keyring and the id=)";
+  case ETIMEDOUT: return " (no monitor answered: check 'mon host' in the configuration)";
+  case EINVAL: return " (bad configuration: check the conf= file)";
+  default: return "";
+  }
+}
+
+static void *rbdp_closer (void *arg);
+
+/* The one cluster connection.  Runs after the server has daemonized. */
+static int
+rbdp_after_fork (void)
+{
+  char user[256], secs[16];
+  int r;
+
+  snprintf (user, sizeof user, "client.%s", rbdp_id ? rbdp_id : "admin");
+  r = rados_create2 (&rbdp_cluster, rbdp_cluster_name, user, 0);
+  if (r < 0) {
+    nbdkit_error ("rbd: rados_create2 (%s as %s): %s", rbdp_cluster_name, user,
+                  strerror (-r));
+    rbdp_cluster = NULL;
+    return -1;
+  }
+  /* CEPH_ARGS, which outranks the file as it does for the ceph tools;
+   * then the file: conf=, else CEPH_CONF or Ceph's default places. */
+  rados_conf_parse_env (rbdp_cluster, NULL);
+  r = rados_conf_read_file (rbdp_cluster, rbdp_conf);
+  if (r < 0) {
+    if (rbdp_conf)
+      nbdkit_error ("rbd: reading conf=%s: %s", rbdp_conf, strerror (-r));
+    else
+      nbdkit_error ("rbd: no Ceph configuration found (set conf= or CEPH_CONF, "
+                    "or install /etc/ceph/%s.conf): %s", rbdp_cluster_name,
+                    strerror (-r));
+    goto fail;
+  }
+  if (rbdp_keyring && rbdp_set ("keyring", rbdp_keyring) == -1)
+    goto fail;
+  snprintf (secs, sizeof secs, "%u", rbdp_connect_timeout);
+  if (rbdp_set ("client_mount_timeout", secs) == -1)
+    goto fail;
+  if (rbdp_timeout) {
+    snprintf (secs, sizeof secs, "%u", rbdp_timeout);
+    if (rbdp_set ("rados_osd_op_timeout", secs) == -1)
+      goto fail;
+  }
+  r = rados_connect (rbdp_cluster);
+  if (r < 0) {
+    nbdkit_error ("rbd: connecting to cluster '%s' as %s%s%s: %s%s",
+                  rbdp_cluster_name, user, rbdp_conf ? " with conf=" : "",
+                  rbdp_conf ? rbdp_conf : "", strerror (-r), rbdp_connect_hint (-r));
+    goto fail;
+  }
+  r = rados_ioctx_create (rbdp_cluster, rbdp_pool, &rbdp_io);
+  if (r < 0) {
+    nbdkit_error ("rbd: pool '%s': %s%s", rbdp_pool, strerror (-r),
+                  r == -ENOENT ? " (no such pool)" : "");
+    rbdp_io = NULL;
+    goto fail;
+  }
+  if (rbdp_namespace)
+    rados_ioctx_set_namespace (rbdp_io, rbdp_namespace);
+  r = pthread_create (&rbdp_closer_thread, NULL, rbdp_closer, NULL);
+  if (r != 0) {
+    nbdkit_error ("rbd: starting the image closer thread: %s", strerror (r));
+    goto fail;
+  }
+  rbdp_closer_running = true;
+  rbdp_connected = true;
+  nbdkit_debug ("rbd: connected to cluster '%s' as %s, pool '%s'%s%s",
+                rbdp_cluster_name, user, rbdp_pool,
+                rbdp_namespace ? " namespace " : "",
+                rbdp_namespace ? rbdp_namespace : "");
+  return 0;
+
+fail:
+  rbdp_disconnect ();
+  return -1;
+}
+
+/* ---- images, shared per export --------------------------------------- */
+
+static const char *
+rbdp_where (void)
+{
+  return rbdp_namespace && *rbdp_namespace ? rbdp_namespace : "";
+}
+
+static void
+rbdp_img_free (struct rbdp_img *im)
+{
+  if (im->image)
+    rbd_close (im->image);
+  free (im->name);
+  free (im);
+}
+
+/* Open name (read-only when readonly or at a snapshot), with messages a
+ * user can act on.  Called with rbdp_imgs_lock held. */
+static struct rbdp_img *
+rbdp_img_open (const char *name, bool readonly)
+{
+  struct rbdp_img *im;
+  uint64_t features = 0, flags = 0;
+  int r;
+
+  im = calloc (1, sizeof *im);
+  if (!im || !(im->name = strdup (name))) {
+    nbdkit_error ("rbd: %m");
+    free (im);
+    return NULL;
+  }
+  im->readonly = readonly;
+  /* Opened without the snapshot first, so a missing image and a missing
+   * snapshot give different messages (both are ENOENT from rbd_open). */
+  if (readonly)
+    r = rbd_open_read_only (rbdp_io, name, &im->image, NULL);
+  else
+    r = rbd_open (rbdp_io, name, &im->image, NULL);
+  if (r < 0) {
+    im->image = NULL;
+    if (r == -ENOENT)
+      nbdkit_error ("rbd: no image '%s' in pool '%s'%s%s", name, rbdp_pool,
+                    *rbdp_where () ? " namespace " : "", rbdp_where ());
+    else
+      nbdkit_error ("rbd: opening image '%s': %s", name, strerror (-r));
+    goto fail;
+  }
+  if (rbdp_snap) {
+    r = rbd_snap_set (im->image, rbdp_snap);
+    if (r < 0) {
+      if (r == -ENOENT)
+        nbdkit_error ("rbd: image '%s' has no snapshot '%s'", name, rbdp_snap);
+      else
+        nbdkit_error ("rbd: image '%s' snapshot '%s': %s", name, rbdp_snap,
+                      strerror (-r));
+      goto fail;
+    }
+  }
+  r = rbd_get_size (im->image, &im->size);
+  if (r == 0)
+    r = rbd_get_features (im->image, &features);
+  if (r == 0)
+    r = rbd_get_flags (im->image, &flags);
+  if (r < 0) {
+    nbdkit_error ("rbd: image '%s': %s", name, strerror (-r));
+    goto fail;
+  }
+  /* Without the object map, diff_iterate asks the OSD about every object;
+   * a block-status request must not cost a scan of the image. */
+  im->object_map = (features & RBD_FEATURE_OBJECT_MAP) &&
+                   !(flags & RBD_FLAG_OBJECT_MAP_INVALID);
+  nbdkit_debug ("rbd: opened image '%s'%s%s, %" PRIu64 " bytes, features "
+                "0x%" PRIx64 "%s", name, rbdp_snap ? "@" : "",
+                rbdp_snap ? rbdp_snap : "", im->size, features,
+                readonly ? ", read-only" : "");
+  return im;
+
+fail:
+  rbdp_img_free (im);
+  return NULL;
+}
+
+static struct rbdp_img *
+rbdp_img_get (const char *name, bool readonly)
+{
+  struct rbdp_img *im;
+
+  pthread_mutex_lock (&rbdp_imgs_lock);
+  for (im = rbdp_imgs; im; im = im->next)
+    if (im->readonly == readonly && strcmp (im->name, name) == 0)
+      break;
+  if (!im) {
+    im = rbdp_img_open (name, readonly);
+    if (im) {
+      im->next = rbdp_imgs;
+      rbdp_imgs = im;
+    }
+  }
+  if (im)
+    im->refs++;
+  pthread_mutex_unlock (&rbdp_imgs_lock);
+  return im;
+}
+
+/* The closer: one thread that closes images whose last connection went.
+ * rbd_close releases the exclusive lock and the watch, which waits for
+ * the OSDs: while one is away it waits as long as the cluster does, and
+ * blkd closes handles on its event-loop thread, which must not wait. */
+static void *
+rbdp_closer (void *arg)
+{
+  struct rbdp_img *im;
+
+  pthread_mutex_lock (&rbdp_imgs_lock);
+  for (;;) {
+    while (!rbdp_close_queue && !rbdp_closer_stop)
+      pthread_cond_wait (&rbdp_close_cond, &rbdp_imgs_lock);
+    im = rbdp_close_queue;
+    if (!im)
+      break;                          /* stopping, and nothing left */
+    rbdp_close_queue = im->next;
+    pthread_mutex_unlock (&rbdp_imgs_lock);
+    rbdp_img_free (im);
+    pthread_mutex_lock (&rbdp_imgs_lock);
+  }
+  pthread_mutex_unlock (&rbdp_imgs_lock);
+  return NULL;
+}
+
+static void
+rbdp_img_put (struct rbdp_img *im)
+{
+  struct rbdp_img **pp;
+  bool queued = false;
+
+  pthread_mutex_lock (&rbdp_imgs_lock);
+  if (--im->refs > 0) {
+    pthread_mutex_unlock (&rbdp_imgs_lock);
+    return;
+  }
+  for (pp = &rbdp_imgs; *pp != im; pp = &(*pp)->next)
+    ;
+  *pp = im->next;
+  if (rbdp_closer_running) {
+    im->next = rbdp_close_queue;
+    rbdp_close_queue = im;
+    pthread_cond_signal (&rbdp_close_cond);
+    queued = true;
+  }
+  pthread_mutex_unlock (&rbdp_imgs_lock);
+  if (!queued)
+    rbdp_img_free (im);
+}
+
+static void
+rbdp_cleanup (void)
+{
+  /* Every handle is closed by now; the closer finishes its queue. */
+  if (rbdp_closer_running) {
+    pthread_mutex_lock (&rbdp_imgs_lock);
+    rbdp_closer_stop = true;
+    pthread_cond_signal (&rbdp_close_cond);
+    pthread_mutex_unlock (&rbdp_imgs_lock);
+    pthread_join (rbdp_closer_thread, NULL);
+    rbdp_closer_running = false;
+  }
+  /* Anything left is a server bug; closing it keeps librbd from writing
+   * to a freed context. */
+  while (rbdp_imgs) {
+    struct rbdp_img *im = rbdp_imgs;
+    rbdp_imgs = im->next;
+    rbdp_img_free (im);
+  }
+  rbdp_disconnect ();
+}
+
+static int
+rbdp_list_exports (int readonly, int is_tls, struct nbdkit_exports *exports)
+{
+  rbd_image_spec_t *specs = NULL;
+  size_t n = 16, i;
+  int r;
+
+  if (!rbdp_connected) {
+    nbdkit_error ("rbd: not connected to the cluster");
+    return -1;
+  }
+  for (;;) {
+    specs = calloc (n, sizeof *specs);
+    if (!specs) {
+      nbdkit_error ("rbd: %m");
+      return -1;
+    }
+    r = rbd_list2 (rbdp_io, specs, &n);
+    if (r != -ERANGE)
+      break;
+    free (specs);                     /* n now says how many there are */
+  }
+  if (r < 0) {
+    free (specs);
+    nbdkit_error ("rbd: listing images in pool '%s': %s", rbdp_pool, strerror (-r));
+    return -1;
+  }
+  for (i = 0; i < n && r >= 0; i++)
+    r = nbdkit_add_export (exports, specs[i].name, NULL);
+  rbd_image_spec_list_cleanup (specs, n);
+  free (specs);
+  return r < 0 ? -1 : 0;
+}
+
+static const char *
+rbdp_default_export (int readonly, int is_tls)
+{
+  return rbdp_image ? rbdp_image : "";
+}
+
+static void *
+rbdp_open_handle (int readonly)
+{
+  const char *name = nbdkit_export_name ();
+  struct rbdp_handle *h;
+
+  if (!name || !*name)
+    name = rbdp_image;
+  if (!name) {
+    nbdkit_error ("rbd: the client asked for no export name and image= is not "
+                  "set: name an image");
+    return NULL;
+  }
+  if (!rbdp_connected) {
+    nbdkit_error ("rbd: not connected to the cluster");
+    return NULL;
+  }
+  h = calloc (1, sizeof *h);
+  if (!h) {
+    nbdkit_error ("rbd: %m");
+    return NULL;
+  }
+  h->readonly = readonly || rbdp_snap;
+  h->img = rbdp_img_get (name, h->readonly);
+  if (!h->img) {
+    free (h);
+    return NULL;
+  }
+  return h;
+}
+
+static void
+rbdp_close_handle (void *handle)
+{
+  struct rbdp_handle *h = handle;
+
+  rbdp_img_put (h->img);
+  free (h);
+}
+
+static int64_t
+rbdp_get_size (void *handle)
+{
+  struct rbdp_handle *h = handle;
+  return h->img->size;
+}
+
+static int
+rbdp_can_write (void *handle)
+{
+  struct rbdp_handle *h = handle;
+  return !h->readonly;
+}
+
+static int
+rbdp_can_true (void *handle)
+{
+  return 1;
+}
+
+static int
+rbdp_can_fua (void *handle)
+{
+  return NBDKIT_FUA_NATIVE;
+}
+
+static int
+rbdp_can_extents (void *handle)
+{
+  struct rbdp_handle *h = handle;
+  return h->img->object_map;
+}
+
+/* ---- requests ---------------------------------------------------------- */
+
+enum rbdp_op { RBDP_READ, RBDP_WRITE, RBDP_FLUSH, RBDP_TRIM, RBDP_ZERO };
+
+/* One request on its way through librbd: started by rbdp_req_start, and
+ * finished, exactly once, through done (from librbd's completion thread,
+ * or from the starting thread when librbd refused to start it). */
+struct rbdp_req {
+  struct rbdp_img *img;
+  enum rbdp_op op;
+  void *buf;
+  uint32_t count;
+  uint64_t offset;
+  uint32_t flags;
+  bool then_flush;                    /* FUA: a flush follows the write */
+  void (*done) (struct rbdp_req *, int err);
+};
+
+static void rbdp_req_cb (rbd_completion_t c, void *arg);
+
+/* Start one librbd call for req; 0 or a negative errno from librbd. */
+static int
+rbdp_req_issue (struct rbdp_req *req, enum rbdp_op op)
+{
+  rbd_image_t im = req->img->image;
+  rbd_completion_t c;
+  int r, zflags;
+
+  r = rbd_aio_create_completion (req, rbdp_req_cb, &c);
+  if (r < 0)
+    return r;
+  req->op = op;
+  switch (op) {
+  case RBDP_READ:
+    r = rbd_aio_read2 (im, req->offset, req->count, req->buf, c, 0);
+    break;
+  case RBDP_WRITE:
+    r = rbd_aio_write2 (im, req->offset, req->count, req->buf, c,
+                        req->then_flush ? LIBRADOS_OP_FLAG_FADVISE_FUA : 0);
+    break;
+  case RBDP_FLUSH:
+    r = rbd_aio_flush (im, c);
+    break;
+  case RBDP_TRIM:
+    r = rbd_aio_discard (im, req->offset, req->count, c);
+    break;
+  case RBDP_ZERO:
+    /* Plain write_zeroes deallocates whole objects and zeroes the rest
+     * (it never skips a partial object, unlike discard with rbd skip
+     * partial discard); without may-trim the zeros must be allocated. */
+    zflags = req->flags & NBDKIT_FLAG_MAY_TRIM
+             ? 0 : RBD_WRITE_ZEROES_FLAG_THICK_PROVISION;
+    r = rbd_aio_write_zeroes (im, req->offset, req->count, c, zflags, 0);
+    break;
+  default:
+    r = -EINVAL;
+  }
+  if (r < 0)
+    rbd_aio_release (c);
+  return r;
+}
+
+static void
+rbdp_req_cb (rbd_completion_t c, void *arg)
+{
+  struct rbdp_req *req = arg;
+  ssize_t r = rbd_aio_get_return_value (c);
+
+  rbd_aio_release (c);
+  /* librbd reads the whole range of an image (holes read as zeros), but
+   * should it ever come back short, the rest must not be whatever the
+   * server's recycled buffer held. */
+  if (req->op == RBDP_READ && r >= 0 && (size_t) r < req->count)
+    memset ((char *) req->buf + r, 0, req->count - r);
+  if (r >= 0 && req->then_flush && req->op != RBDP_FLUSH) {
+    r = rbdp_req_issue (req, RBDP_FLUSH);
+    if (r == 0)
+      return;                         /* the flush's completion finishes */
+  }
+  req->done (req, r < 0 ? (int) -r : 0);
+}
+
+/* Start req; its done runs exactly once, here on failure to start. */
+static void
+rbdp_req_start (struct rbdp_req *req)
+{
+  int r;
+
+  req->then_flush = (req->flags & NBDKIT_FLAG_FUA) && req->op != RBDP_READ &&
+                    req->op != RBDP_FLUSH;
+  r = rbdp_req_issue (req, req->op);
+  if (r < 0)
+    req->done (req, -r);
+}
+
+static const char *
+rbdp_op_name (enum rbdp_op op)
+{
+  switch (op) {
+  case RBDP_READ: return "read";
+  case RBDP_WRITE: return "write";
+  case RBDP_FLUSH: return "flush";
+  case RBDP_TRIM: return "trim";
+  default: return "zero";
+  }
+}
+
+/* NBD carries only a few errors; the rest become EINVAL on the wire,
+ * which for a request that timed out or a client that was blocklisted
+ * says the wrong thing. */
+static int
+rbdp_nbd_errno (int err)
+{
+  switch (err) {
+  case ETIMEDOUT:
+  case ESHUTDOWN:                     /* librados: this client was blocklisted */
+  case ENOTCONN:
+  case ECONNRESET:
+    return EIO;
+  case EDQUOT:
+    return ENOSPC;
+  default:
+    return err;
+  }
+}
+
+/* The synchronous path: start and wait. */
+struct rbdp_sync {
+  struct rbdp_req req;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool finished;
+  int err;
+};
+
+static void
+rbdp_sync_done (struct rbdp_req *req, int err)
+{
+  struct rbdp_sync *s = (struct rbdp_sync *) req;
+
+  pthread_mutex_lock (&s->lock);
+  s->err = err;
+  s->finished = true;
+  pthread_cond_signal (&s->cond);
+  pthread_mutex_unlock (&s->lock);
+}
+
+static int
+rbdp_sync (void *handle, enum rbdp_op op, void *buf, uint32_t count,
+          uint64_t offset, uint32_t flags)
+{
+  struct rbdp_handle *h = handle;
+  struct rbdp_sync s = {
+    .req = { .img = h->img, .op = op, .buf = buf, .count = count,
+             .offset = offset, .flags = flags, .done = rbdp_sync_done },
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .cond = PTHREAD_COND_INITIALIZER,
+  };
+
+  rbdp_req_start (&s.req);
+  pthread_mutex_lock (&s.lock);
+  while (!s.finished)
+    pthread_cond_wait (&s.cond, &s.lock);
+  pthread_mutex_unlock (&s.lock);
+  /* The signal is the completion's last touch of s: it is safe to go. */
+  pthread_cond_destroy (&s.cond);
+  pthread_mutex_destroy (&s.lock);
+  if (s.err) {
+    nbdkit_error ("rbd: %s of %" PRIu32 " bytes at %" PRIu64 " in '%s': %s",
+                  rbdp_op_name (op), count, offset, h->img->name, strerror (s.err));
+    nbdkit_set_error (rbdp_nbd_errno (s.err));
+    return -1;
+  }
+  return 0;
+}
+
+static int
+rbdp_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
+           uint32_t flags)
+{
+  return rbdp_sync (handle, RBDP_READ, buf, count, offset, flags);
+}
+
+static int
+rbdp_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
+            uint32_t flags)
+{
+  return rbdp_sync (handle, RBDP_WRITE, (void *) buf, count, offset, flags);
+}
+
+static int
+rbdp_flush (void *handle, uint32_t flags)
+{
+  return rbdp_sync (handle, RBDP_FLUSH, NULL, 0, 0, 0);
+}
+
+static int
+rbdp_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  return rbdp_sync (handle, RBDP_TRIM, NULL, count, offset, flags);
+}
+
+/* Fast only when librbd may deallocate (may-trim): thick zeros are
+ * written as data. */
+static int
+rbdp_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
+{
+  if ((flags & NBDKIT_FLAG_FAST_ZERO) && !(flags & NBDKIT_FLAG_MAY_TRIM)) {
+    nbdkit_set_error (ENOTSUP);
+    return -1;
+  }
+  return rbdp_sync (handle, RBDP_ZERO, NULL, count, offset, flags);
+}
+
+/* ---- blkd's aio calls (include/blkd-plugin.h) ------------------------ */
+
+/* Under blkd the request starts on the event loop's thread and librbd's
+ * completion thread hands it back: no thread waits per request, so the
+ * cluster sees as many requests in flight as clients send. */
+struct rbdp_aio {
+  struct rbdp_req req;
+  struct blkd_aio *done;
+};
+
+static void
+rbdp_aio_done (struct rbdp_req *req, int err)
+{
+  struct rbdp_aio *a = (struct rbdp_aio *) req;
+  struct blkd_aio *done = a->done;
+
+  if (err)
+    nbdkit_error ("rbd: %s of %" PRIu32 " bytes at %" PRIu64 " in '%s': %s",
+                  rbdp_op_name (req->op), req->count, req->offset,
+                  req->img->name, strerror (err));
+  free (a);
+  done->complete (done, err ? rbdp_nbd_errno (err) : 0);
+}
+
+static int
+rbdp_aio_start (void *handle, enum rbdp_op op, void *buf, uint32_t count,
+                uint64_t offset, uint32_t flags, struct blkd_aio *done)
+{
+  struct rbdp_handle *h = handle;
+  struct rbdp_aio *a;
+
+  if (!rbdp_use_aio) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  a = malloc (sizeof *a);
+  if (!a) {
+    errno = ENOTSUP;                  /* the synchronous path may still work */
+    return -1;
+  }
+  a->req = (struct rbdp_req) { .img = h->img, .op = op, .buf = buf, .count = count,
+                               .offset = offset, .flags = flags,
+                               .done = rbdp_aio_done };
+  a->done = done;
+  rbdp_req_start (&a->req);           /* done runs exactly once from here on */
+  return 0;
+}
+
+static int
+rbdp_aio_pread (void *handle, void *buf, uint32_t count, uint64_t offset,
+                uint32_t flags, struct blkd_aio *done)
+{
+  return rbdp_aio_start (handle, RBDP_READ, buf, count, offset, flags, done);
+}
+
+static int
+rbdp_aio_pwrite (void *handle, const void *buf, uint32_t count, uint64_t offset,
+                 uint32_t flags, struct blkd_aio *done)
+{
+  return rbdp_aio_start (handle, RBDP_WRITE, (void *) buf, count, offset, flags, done);
+}
+
+static int
+rbdp_aio_flush (void *handle, uint32_t flags, struct blkd_aio *done)
+{
+  return rbdp_aio_start (handle, RBDP_FLUSH, NULL, 0, 0, 0, done);
+}
+
+static int
+rbdp_aio_trim (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+               struct blkd_aio *done)
+{
+  return rbdp_aio_start (handle, RBDP_TRIM, NULL, count, offset, flags, done);
+}
+
+/* A fast zero that must allocate is refused by the synchronous call. */
+static int
+rbdp_aio_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+               struct blkd_aio *done)
+{
+  if ((flags & NBDKIT_FLAG_FAST_ZERO) && !(flags & NBDKIT_FLAG_MAY_TRIM)) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  return rbdp_aio_start (handle, RBDP_ZERO, NULL, count, offset, flags, done);
+}
+
+/* Found by blkd with dlsym; nbdkit never looks for it. */
+const struct blkd_plugin_extension blkd_plugin_extension = {
+  .version    = BLKD_PLUGIN_EXTENSION_VERSION,
+  .size       = sizeof (struct blkd_plugin_extension),
+  .aio_pread  = rbdp_aio_pread,
+  .aio_pwrite = rbdp_aio_pwrite,
+  .aio_flush  = rbdp_aio_flush,
+  .aio_trim   = rbdp_aio_trim,
+  .aio_zero   = rbdp_aio_zero,
+};
+
+/* ---- block status ------------------------------------------------------ */
+
+struct rbdp_span {
+  uint64_t off, len;
+};
+
+struct rbdp_spans {
+  struct rbdp_span *v;
+  size_t n, cap;
+};
+
+static int
+rbdp_diff_cb (uint64_t off, size_t len, int exists, void *arg)
+{
+  struct rbdp_spans *s = arg;
+
+  if (!exists)
+    return 0;
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 64;
+    struct rbdp_span *v = realloc (s->v, cap * sizeof *v);
+    if (!v)
+      return -ENOMEM;
+    s->v = v;
+    s->cap = cap;
+  }
+  s->v[s->n].off = off;
+  s->v[s->n].len = len;
+  s->n++;
+  return 0;
+}
+
+static int
+rbdp_span_cmp (const void *a, const void *b)
+{
+  const struct rbdp_span *x = a, *y = b;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Allocated objects are data; the rest reads as zeros (a clone's parent
+ * included).  whole_object=1 keeps it to the object map's answer; the
+ * callbacks may come out of order, so they are sorted, then clipped to
+ * the request and the gaps filled with holes. */
+static int
+rbdp_extents (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
+             struct nbdkit_extents *extents)
+{
+  struct rbdp_handle *h = handle;
+  struct rbdp_spans s = { 0 };
+  uint64_t pos = offset, end = offset + count;
+  size_t i;
+  int r;
+
+  r = rbd_diff_iterate2 (h->img->image, NULL, offset, count, 1, 1,
+                         rbdp_diff_cb, &s);
+  if (r < 0) {
+    free (s.v);
+    nbdkit_error ("rbd: block status of '%s': %s", h->img->name, strerror (-r));
+    nbdkit_set_error (-r);
+    return -1;
+  }
+  qsort (s.v, s.n, sizeof *s.v, rbdp_span_cmp);
+  for (i = 0; i < s.n && pos < end && r == 0; i++) {
+    uint64_t a = s.v[i].off, b = s.v[i].off + s.v[i].len;
+    if (b <= pos)
+      continue;
+    if (a > end)
+      a = end;
+    if (a > pos)
+      r = nbdkit_add_extent (extents, pos, a - pos,
+                             NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO);
+    if (a < pos)
+      a = pos;
+    if (b > end)
+      b = end;
+    if (r == 0 && b > a)
+      r = nbdkit_add_extent (extents, a, b - a, 0);
+    if (b > pos)
+      pos = b;
+  }
+  if (r == 0 && pos < end)
+    r = nbdkit_add_extent (extents, pos, end - pos,
+                           NBDKIT_EXTENT_HOLE | NBDKIT_EXTENT_ZERO);
+  free (s.v);
+  return r;
+}
+
+static void
+rbdp_dump_plugin (void)
+{
+  int major, minor, extra;
+
+  rbd_version (&major, &minor, &extra);
+  printf ("rbdp_librbd_version=%d.%d.%d\n", major, minor, extra);
+}
+
+static struct nbdkit_plugin plugin = {
+  .name              = "rbd",
+  .longname          = "blkd Ceph RBD plugin",
+  .version           = "0.1.0",
+  .description       = "Serve Ceph RBD images through librbd",
+  .config            = rbdp_config,
+  .config_complete   = rbdp_config_complete,
+  .config_help       =
+    "image=<NAME>        Default export (magic key: 'rbd NAME').\n"
+    "pool=<POOL>         Pool (default rbd).\n"
+    "namespace=<NS>      RBD namespace in the pool.\n"
+    "snap=<SNAP>         Serve this snapshot, read-only.\n"
+    "id=<ID>             Ceph user without 'client.' (default admin); user= too.\n"
+    "conf=<FILE>         ceph.conf (default: CEPH_CONF, /etc/ceph/CLUSTER.conf).\n"
+    "keyring=<FILE>      Keyring (default: as the configuration says).\n"
+    "cluster=<NAME>      Cluster name (default ceph).\n"
+    "timeout=<SECS>      Fail a request after SECS (default 0: wait).\n"
+    "connect-timeout=<SECS> Bound on connecting at start-up (default 20).\n"
+    "aio=false           Under blkd: no aio calls (compare with the thread path).",
+  .magic_config_key  = "image",
+  .get_ready         = rbdp_get_ready,
+  .after_fork        = rbdp_after_fork,
+  .cleanup           = rbdp_cleanup,
+  .dump_plugin       = rbdp_dump_plugin,
+  .list_exports      = rbdp_list_exports,
+  .default_export    = rbdp_default_export,
+  .open              = rbdp_open_handle,
+  .close             = rbdp_close_handle,
+  .get_size          = rbdp_get_size,
+  .can_write         = rbdp_can_write,
+  .can_flush         = rbdp_can_true,
+  .can_trim          = rbdp_can_true,
+  .can_zero          = rbdp_can_true,
+  .can_fast_zero     = rbdp_can_true,
+  .can_extents       = rbdp_can_extents,
+  .can_multi_conn    = rbdp_can_true,
+  .can_fua           = rbdp_can_fua,
+  .pread             = rbdp_pread,
+  .pwrite            = rbdp_pwrite,
+  .flush             = rbdp_flush,
+  .trim              = rbdp_trim,
+  .zero              = rbdp_zero,
+  .extents           = rbdp_extents,
+  .errno_is_preserved = 0,
+};
+
+NBDKIT_REGISTER_PLUGIN (plugin)

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The rbd plugin on a real one-node cluster: data in and out (nbdcopy, rbd export, fio verify),
+# four connections on one image, zero/trim/FUA/block status, export list, namespace, snapshot.
+. "$(dirname "$0")/lib-rbd.sh"
+need nbdcopy; need fio
+$PY -c 'import nbd' 2>/dev/null || skip "python3-libnbd (module nbd) is not installed"
+fio --enghelp 2>/dev/null | grep -qx '[[:space:]]*nbd' || skip "fio has no nbd engine"
+cluster_up
+
+# img1 with the object map (block status), img2 without, one in a namespace.
+rbd_ create --size 64M --image-feature layering,exclusive-lock,object-map,fast-diff img1
+rbd_ create --size 32M --image-feature layering,exclusive-lock img2
+rbd_ create --size 8M rbd/ns1/nsimg
+serve image=img1
+
+# The export list is the pool's images; the default export is image=.
+nbdinfo --list --json "$URI" >"$TMP/list.json"
+$PY - "$TMP/list.json" <<'PYEOF' || fail "export list: $(cat "$TMP/list.json")"
+import json, sys
+ex = {e["export-name"]: e for e in json.load(open(sys.argv[1]))["exports"]}
+assert set(ex) == {"img1", "img2"}, set(ex)
+assert ex["img1"]["export-size"] == 64 << 20 and ex["img2"]["export-size"] == 32 << 20
+for e in ex.values():
+    assert e["can_multi_conn"] and e["can_fua"] and e["can_flush"] and not e["is_read_only"], e
+PYEOF
+[ "$(nbdinfo --size "$URI")" = $((64 << 20)) ] || fail "the default export is not img1"
+
+# nbdcopy in (multi-conn: several connections), out, and the cluster's own view.
+head -c 32M /dev/urandom >"$TMP/in.bin"
+nbdcopy "$TMP/in.bin" "$URI/img2"
+want=$(md5sum <"$TMP/in.bin" | cut -d' ' -f1)
+[ "$(sum_nbd "$URI/img2")" = "$want" ] || fail "nbdcopy out differs from what went in"
+[ "$(rbd_ export img2 - 2>/dev/null | md5sum | cut -d' ' -f1)" = "$want" ] \
+  || fail "rbd export differs from what nbdcopy wrote"
+
+# fio: four jobs, each its own connection, each verifying its quarter.
+fio --name=v --ioengine=nbd --uri="$URI/img2" --rw=randwrite --bs=4k --iodepth=16 \
+    --numjobs=4 --size=8M --offset_increment=8M --verify=crc32c --verify_fatal=1 \
+    --do_verify=1 --verify_state_save=0 --group_reporting >"$TMP/fio.log" 2>&1 || { cat "$TMP/fio.log"; fail "fio verify"; }
+grep -q 'err= 0' "$TMP/fio.log" || { cat "$TMP/fio.log"; fail "fio reported errors"; }
+
+# Four connections on one image: each writes its quarter, one flush, and
+# every connection reads every quarter (one image handle underneath).
+$PY - "$URI/img1" <<'PYEOF' || fail "four connections on one image"
+import nbd, os, sys
+hs = []
+for i in range(4):
+    h = nbd.NBD(); h.connect_uri(sys.argv[1]); hs.append(h)
+data = [os.urandom(1 << 20) for _ in range(4)]
+for i, h in enumerate(hs):
+    h.pwrite(data[i], i << 20)
+hs[3].flush()
+for j, h in enumerate(hs):
+    for i in range(4):
+        assert h.pread(1 << 20, i << 20) == data[i], (j, i)
+# FUA write on one, read on another without a flush in between.
+hs[0].pwrite(b"F" * 4096, 5 << 20, nbd.CMD_FLAG_FUA)
+assert hs[2].pread(4096, 5 << 20) == b"F" * 4096
+PYEOF
+
+# Zero (may-trim and not), trim, fast zero, block status from the object map.
+$PY - "$URI/img1" <<'PYEOF' || fail "zero/trim/block status"
+import nbd, os, sys
+h = nbd.NBD(); h.add_meta_context("base:allocation"); h.connect_uri(sys.argv[1])
+M = 1 << 20
+for o in range(8, 64, 8):
+    h.pwrite(os.urandom(8 * M), o * M)
+h.zero(8 * M, 0)                                  # may trim
+h.zero(4096 + 512, 9 * M + 100, nbd.CMD_FLAG_NO_HOLE)
+assert h.pread(8 * M, 0) == bytes(8 * M)
+assert h.pread(4096 + 512, 9 * M + 100) == bytes(4096 + 512)
+assert h.pread(100, 9 * M) != bytes(100)          # around it, data stays
+try:
+    h.zero(4096, 30 * M, nbd.CMD_FLAG_FAST_ZERO | nbd.CMD_FLAG_NO_HOLE)
+    raise SystemExit("a fast zero that must allocate was accepted")
+except nbd.Error as e:
+    assert e.errno == "ENOTSUP", e.errno
+h.trim(8 * M, 16 * M)                             # whole objects go
+ext = []
+h.block_status(64 * M, 0, lambda m, o, e, err: ext.extend(e))
+runs = [(ext[i], ext[i + 1]) for i in range(0, len(ext), 2)]
+want = [(8 * M, 3), (8 * M, 0), (8 * M, 3), (40 * M, 0)]
+assert runs == want, runs
+h.flush()
+PYEOF
+
+check_aio_path 0
+
+# A namespace is its own image list.
+img2_sum=$(sum_nbd "$URI/img2")
+stop_server
+serve namespace=ns1
+[ "$(nbdinfo --list --json "$URI" | $PY -c 'import json,sys; print(" ".join(e["export-name"] for e in json.load(sys.stdin)["exports"]))')" = nsimg ] \
+  || fail "namespace=ns1 does not list exactly nsimg"
+head -c 8M "$TMP/in.bin" >"$TMP/ns.bin"
+nbdcopy "$TMP/ns.bin" "$URI/nsimg"
+[ "$(rbd_ export rbd/ns1/nsimg - 2>/dev/null | md5sum | cut -d' ' -f1)" = "$(md5sum <"$TMP/ns.bin" | cut -d' ' -f1)" ] \
+  || fail "what went into ns1/nsimg is not what rbd export reads"
+stop_server
+
+# A snapshot is served read-only, with the snapshot's bytes.
+rbd_ snap create img2@s1 2>/dev/null
+snap_sum=$(rbd_ export img2@s1 - 2>/dev/null | md5sum | cut -d' ' -f1)
+serve image=img2
+nbdpy "$URI" 'h.pwrite(b"after the snapshot", 0); h.flush()'
+stop_server
+serve image=img2 snap=s1
+[ "$(nbdinfo --json "$URI" | $PY -c 'import json,sys; print(json.load(sys.stdin)["exports"][0]["is_read_only"])')" = True ] \
+  || fail "a snapshot is not served read-only"
+[ "$(sum_nbd "$URI")" = "$snap_sum" ] || fail "the snapshot's bytes differ"
+[ "$snap_sum" = "$img2_sum" ] || fail "the snapshot does not hold what was written before it"
+[ "$(rbd_ export img2 - 2>/dev/null | md5sum | cut -d' ' -f1)" != "$snap_sum" ] \
+  || fail "the write after the snapshot did not reach the image"
+if nbdpy "$URI" 'h.pwrite(b"x", 0)' 2>"$TMP/ro.err"; then fail "a write to a snapshot succeeded"; fi
+grep -qiE 'read-only|EPERM|EROFS' "$TMP/ro.err" || fail "a refused write said: $(cat "$TMP/ro.err")"
+echo "ok ($PLUGIN_HOST ${RBD_EXTRA:-})"
