@@ -895,7 +895,8 @@ restart_adopt_conns (void)
       handed_free_list (lists[k], true);
     }
   free (lists);
-  log_info ("live restart %llu done: serving again, %u connection(s) handed over",
+  log_info ("%s %llu done: serving again, %u connection(s) handed over",
+            from_store ? "restart through the file descriptor store" : "live restart",
             (unsigned long long) restart_count (), n_in_conns);
 }
 

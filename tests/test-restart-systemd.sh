@@ -9,8 +9,10 @@
 # restarted several times (tests/helpers/fdstore-client.py): no error, the
 # data intact, the same socket throughout, each restart a new process, the
 # store emptied by each new process, and `systemctl stop` closing the
-# connection.  Skips where podman or the base image is missing; the test
-# image is built once and kept (its tag names what went into it).
+# connection.  Then the same with a unit of the test's own, no socket unit:
+# blkd binds the port itself and its listener goes through the store too.
+# Skips where podman or the base image is missing; the test image is built
+# once and kept (its tag names what went into it).
 # run.sh: serial (a podman container with systemd)
 . "$(dirname "$0")/lib.sh"
 
@@ -77,7 +79,7 @@ ctr_cleanup() {
   cleanup
 }
 trap ctr_cleanup EXIT
-"$PODMAN" run -d --name "$NAME" --systemd=always -p 127.0.0.1::10809 \
+"$PODMAN" run -d --name "$NAME" --systemd=always -p 127.0.0.1::10809 -p 127.0.0.1::10810 \
   -v "$BLKD:/usr/local/bin/blkd:ro" \
   -v "$RAWIO:/usr/local/lib/blkd/plugins/nbdkit-rawio-plugin.so:ro" \
   -v "$units/blkd.service:/etc/systemd/system/blkd.service:ro" \
@@ -98,11 +100,35 @@ echo "systemd $(sd systemctl --version | head -n 1 | cut -d' ' -f2) is PID 1 ($s
 sd sh -c 'mkdir -p /var/lib/private/blkd && chmod 0700 /var/lib/private &&
           truncate -s 64M /var/lib/private/blkd/disk.img' || fail "creating the disk image"
 sd systemctl start blkd.socket || fail "systemctl start blkd.socket"
-port=$("$PODMAN" port "$NAME" 10809/tcp | sed -n 's/.*:\([0-9][0-9]*\)$/\1/p' | head -n1)
-[ -n "$port" ] || fail "podman published no host port for 10809"
+# host_port PORT: the host port podman published for the container's PORT.
+host_port() {
+  local p
+  p=$("$PODMAN" port "$NAME" "$1/tcp" | sed -n 's/.*:\([0-9][0-9]*\)$/\1/p' | head -n1)
+  [ -n "$p" ] || fail "podman published no host port for $1"
+  echo "$p"
+}
 
-timeout 300 "$PY" "$TOP/tests/helpers/fdstore-client.py" "nbd://127.0.0.1:$port" \
-  "$PODMAN" "$NAME" "$RESTARTS" || fail "the connection did not survive systemctl restart"
+timeout 300 "$PY" "$TOP/tests/helpers/fdstore-client.py" "nbd://127.0.0.1:$(host_port 10809)" \
+  "$PODMAN" "$NAME" blkd.service 10809 "$RESTARTS" ||
+  fail "the connection did not survive systemctl restart"
 sd journalctl -u blkd.service --no-pager -o cat |
-  grep -E "file descriptor store|live restart .* done" | sed 's/^/journal: /' | tail -n 6
-echo "systemctl restart x$RESTARTS: one connection, no error, data verified; stop closed it"
+  grep -E "file descriptor store|live restart .* done" | sed 's/^/journal: /' | tail -n 4
+echo "blkd.service: systemctl restart x$RESTARTS, one connection, no error, data verified; stop closed it"
+
+# No socket unit: blkd binds port 10810 itself, and stores its listener.
+timeout 60 "$PODMAN" exec -i "$NAME" sh -c 'truncate -s 64M /var/lib/blkd-own.img &&
+  cat > /etc/systemd/system/blkd-own.service' <<'EOF' ||
+[Service]
+Type=notify
+NotifyAccess=main
+FileDescriptorStoreMax=16
+ExecStart=/usr/local/bin/blkd -f --fdstore -v -p 10810 /usr/local/lib/blkd/plugins/nbdkit-rawio-plugin.so file=/var/lib/blkd-own.img
+EOF
+  fail "writing blkd-own.service"
+sd systemctl daemon-reload || fail "systemctl daemon-reload"
+sd systemctl start blkd-own.service ||
+  fail "systemctl start blkd-own.service: $(sd journalctl -u blkd-own.service --no-pager | tail -n 20)"
+timeout 300 "$PY" "$TOP/tests/helpers/fdstore-client.py" "nbd://127.0.0.1:$(host_port 10810)" \
+  "$PODMAN" "$NAME" blkd-own.service 10810 2 ||
+  fail "the connection did not survive systemctl restart (blkd's own listener)"
+echo "blkd-own.service: its own listener and the connection kept across 2 restarts; stop closed it"

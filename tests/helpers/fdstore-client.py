@@ -1,16 +1,18 @@
-"""One NBD connection through `systemctl restart blkd` (tests/test-restart-systemd.sh).
+"""One NBD connection through `systemctl restart` (tests/test-restart-systemd.sh).
 
-fdstore-client.py URI PODMAN CONTAINER RESTARTS
+fdstore-client.py URI PODMAN CONTAINER UNIT PORT RESTARTS
 
 Opens one libnbd handle and keeps QD writes and reads in flight on it
 (64 KiB blocks, each read compared with what was last written there) on a
-thread, while the main thread restarts blkd.service in the container
-RESTARTS times with `systemctl restart`.  After each restart the unit must
-have a new main PID, systemd's file descriptor store must be empty again
-(the new process took and removed everything), and I/O must go on.  Then
+thread, while the main thread restarts UNIT in the container RESTARTS
+times with `systemctl restart`.  After each restart the unit must have a
+new main PID, systemd's file descriptor store must be empty again (the new
+process took and removed everything), the socket listening on PORT in the
+container must be the same one (its inode: a listener blkd bound itself
+went through the store too), and I/O must go on.  Then
 every block written is read back and compared, the connection must still be
 the same socket (same local address, same fd: libnbd never reconnects),
-and `systemctl stop blkd.service` must close it: a request sent afterwards
+and `systemctl stop UNIT` must close it: a request sent afterwards
 fails instead of hanging.  Prints one line per step; exits 1 on a failure.
 """
 import os
@@ -23,7 +25,8 @@ import time
 
 import nbd
 
-URI, PODMAN, NAME, RESTARTS = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+URI, PODMAN, NAME, UNIT, PORT = sys.argv[1:6]
+RESTARTS = int(sys.argv[6])
 BLOCK = 64 * 1024
 QD = 8
 STEP_TIMEOUT = 60
@@ -41,11 +44,21 @@ def sd(*args):
 
 
 def show(prop):
-    return sd("systemctl", "show", "-p", prop, "--value", "blkd.service")[1]
+    return sd("systemctl", "show", "-p", prop, "--value", UNIT)[1]
 
 
 def journal():
-    return sd("journalctl", "-u", "blkd.service", "--no-pager", "-o", "cat")[1]
+    return sd("journalctl", "-u", UNIT, "--no-pager", "-o", "cat")[1]
+
+
+def listener():
+    """The inode of the TCP socket listening on PORT in the container."""
+    out = sd("cat", "/proc/net/tcp", "/proc/net/tcp6")[1]
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) > 9 and f[3] == "0A" and f[1].rsplit(":", 1)[-1] == "%04X" % int(PORT):
+            return f[9]
+    fail("nothing listens on port %s in the container" % PORT)
 
 
 def sockname(h):
@@ -130,21 +143,24 @@ wait_ops(200, "before any restart")
 
 for i in range(1, RESTARTS + 1):
     pid0 = show("MainPID")
+    ino0 = listener()
     before = ops()
-    rc, out, err = sd("systemctl", "restart", "blkd.service")
+    rc, out, err = sd("systemctl", "restart", UNIT)
     if rc != 0:
         fail("systemctl restart %d: rc %d: %s\n%s" % (i, rc, err, journal()[-3000:]))
     pid1 = show("MainPID")
     if pid1 in ("", "0") or pid1 == pid0:
         fail("restart %d: MainPID %s -> %s: not a new process" % (i, pid0, pid1))
+    if listener() != ino0:
+        fail("restart %d: the listening socket changed (inode %s -> %s)" % (i, ino0, listener()))
     wait_ops(200, "after restart %d" % i)
     # Everything the new process took from the store has left it: a copy
     # there would keep a connection open after blkd closed it.
     stored = show("NFileDescriptorStore")
     if stored != "0":
         fail("restart %d: %s fd(s) still in the store after the new blkd started" % (i, stored))
-    print("restart %d: pid %s -> %s, %d ops during and after, store empty again"
-          % (i, pid0, pid1, ops() - before), flush=True)
+    print("%s restart %d: pid %s -> %s, %d ops during and after, same listener, store "
+          "empty again" % (UNIT, i, pid0, pid1, ops() - before), flush=True)
 
 state["stop"] = True
 t.join(STEP_TIMEOUT)
@@ -168,7 +184,7 @@ for want in ("in systemd's file descriptor store (restart %d)" % RESTARTS,
 
 # A real stop: blkd quiesces and stores as always, then systemd closes the
 # store, and with it the connection.
-rc, out, err = sd("systemctl", "stop", "blkd.service")
+rc, out, err = sd("systemctl", "stop", UNIT)
 res = "%s %s" % (show("Result"), show("ExecMainStatus"))
 if rc != 0 or res != "success 0":
     fail("systemctl stop: rc %d, Result/ExecMainStatus %s: %s" % (rc, res, err))
