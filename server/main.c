@@ -673,6 +673,17 @@ main (int argc, char **argv)
   }
   if (dump)
     return backend_stack_dump (plugin, filters, nfilters) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  /* --fdstore: a SIGTERM that comes while we start (a second `systemctl
+   * restart` right after the first) waits, blocked, until the main loop
+   * can hand the connections over (ev_term), instead of closing them.
+   * Not with --run or -s, whose stop it is; their child must not inherit
+   * the mask. */
+  bool term_deferred = cfg.fdstore && sdnotify_available () && !cfg.run_cmd && !cfg.single;
+  sigset_t term_set;
+  sigemptyset (&term_set);
+  sigaddset (&term_set, SIGTERM);
+  if (term_deferred)
+    pthread_sigmask (SIG_BLOCK, &term_set, NULL);
   /* Before anything opens a file: a live restart's state names our fds. */
   restart_init ();
 
@@ -832,6 +843,8 @@ main (int argc, char **argv)
     exit_code = EXIT_FAILURE;
     goto out_events;
   }
+  if (term_deferred)              /* one that came meanwhile is delivered now */
+    pthread_sigmask (SIG_UNBLOCK, &term_set, NULL);
   if (!cfg.quiet)
     log_info ("serving %s on %s (%d shards)", plugin_name (),
               cfg.single ? "stdin/stdout" : listen_uri (), cfg.shards);
