@@ -516,7 +516,8 @@ const int *listen_fds_get (int *n);
 /* First thing in main: the command line and binary a restart execs. */
 void restart_save_argv (int argc, char **argv);
 /* Start-up, after the options: read the state a live restart passed in
- * RESTART_ENV (if any).  Never fails: a state that does not parse is
+ * RESTART_ENV, or one systemd passed back from its file descriptor store
+ * (LISTEN_FDNAMES), if any.  Never fails: a state that does not parse is
  * logged and its connections closed. */
 void restart_init (void);
 bool restart_adopting (void);     /* this image was started by a live restart */
