@@ -102,6 +102,8 @@ struct blkd_config {
                                      together (shard_main); 0: never poll */
   unsigned restart_timeout;       /* --restart-timeout seconds: a live restart's wait
                                      for each connection's request to finish */
+  bool fdstore;                   /* --fdstore: SIGTERM hands the connections to
+                                     systemd's file descriptor store */
 
   /* TLS (tls.c). */
   enum tls_mode tls;
@@ -525,7 +527,8 @@ const int *listen_fds_get (int *n);
 /* First thing in main: the command line and binary a restart execs. */
 void restart_save_argv (int argc, char **argv);
 /* Start-up, after the options: read the state a live restart passed in
- * RESTART_ENV (if any).  Never fails: a state that does not parse is
+ * RESTART_ENV, or one systemd passed back from its file descriptor store
+ * (LISTEN_FDNAMES), if any.  Never fails: a state that does not parse is
  * logged and its connections closed. */
 void restart_init (void);
 bool restart_adopting (void);     /* this image was started by a live restart */
@@ -533,13 +536,18 @@ bool restart_adopting (void);     /* this image was started by a live restart */
 int restart_listeners (int (*add) (int fd), bool *unix_created);
 /* After the shards and listeners start: serve the inherited connections. */
 void restart_adopt_conns (void);
-/* SIGUSR2, on the main loop. */
-void restart_begin (struct event_base *main_base);
+/* SIGUSR2 (store false), or SIGTERM with --fdstore under systemd (store
+ * true), on the main loop; -1: refused, nothing paused. */
+int restart_begin (struct event_base *main_base, bool store);
 /* main's exit path: the sockets stay open and restart_exec follows. */
 bool restart_exec_pending (void);
-/* After the plugin is unloaded: exec the binary; returns only if no
- * image could be started. */
-void restart_exec (void);
+bool restart_to_store (void);     /* ...and go to systemd, not to an exec */
+/* After the plugin is unloaded: exec the binary, or hand everything to
+ * systemd's store.  Returns 0 once stored (exit 0), -1 if nothing could
+ * take the connections (an exec that succeeds does not return). */
+int restart_exec (void);
+/* Serving: remove what was taken from the store, then READY=1. */
+void restart_ready (void);
 /* Exit path, once the shards are stopped, before the main loop is freed. */
 void restart_cleanup (void);
 /* Hooks: a quiesced connection moved on (conn.c), one left (shard.c). */
@@ -547,6 +555,15 @@ void restart_conn_progress (struct conn *c);
 void restart_shard_conn_gone (struct shard *s);
 uint64_t restart_count (void);
 uint64_t restart_handed_total (void);
+
+/* ---- the service manager's $NOTIFY_SOCKET (sdnotify.c) ---------------- */
+
+bool sdnotify_available (void);
+/* One datagram, with up to 4 fds passed (SCM_RIGHTS); 0 or -1 (errno). */
+int sdnotify_send (const char *msg, const int *fds, int nfds);
+/* 0 once the manager has handled every message sent before. */
+int sdnotify_barrier (int timeout_ms);
+void sdnotify_close (void);
 
 /* ---- -D NAME.FLAG=N (debugflags.c) ------------------------------------ */
 

@@ -71,7 +71,17 @@ on_sigusr2 (evutil_socket_t fd, short what, void *arg)
     log_warn ("SIGUSR2: no live restart with --run, -s or -U -: nothing would take "
               "the connections over");
   else
-    restart_begin (main_base);
+    restart_begin (main_base, false);
+}
+
+/* SIGTERM under systemd with --fdstore: the connections go to the unit's
+ * file descriptor store instead of closing (restart.c); systemd closes
+ * them if the unit stops for good.  Where that cannot be, a plain stop. */
+static void
+on_sigterm_store (evutil_socket_t fd, short what, void *arg)
+{
+  if (cfg.run_cmd || cfg.single || run_tmpdir || restart_begin (main_base, true) == -1)
+    on_signal (SIGTERM);
 }
 
 static void
@@ -174,6 +184,10 @@ usage (FILE *f)
 "      --restart-timeout S  live restart (SIGUSR2): how long a connection's\n"
 "                         half-received request may take to arrive before the\n"
 "                         connection is closed instead of handed over (default 10)\n"
+"      --fdstore          under systemd (a unit with FileDescriptorStoreMax=):\n"
+"                         SIGTERM hands every clear-text connection to the\n"
+"                         unit's file descriptor store, so that `systemctl\n"
+"                         restart` keeps it open; the next start serves it\n"
 "\n"
 "TLS (nbdkit's options):\n"
 "      --tls MODE         off (default), on (clients may use TLS), require\n"
@@ -249,7 +263,7 @@ enum {
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_TLS_SUITES, OPT_METRICS, OPT_DELAYACCT,
   OPT_CACHE, OPT_CACHE_BLOCK, OPT_CACHE_MODE, OPT_CACHE_CTOR,
   OPT_EXIT_WITH_PARENT, OPT_MASK_HANDSHAKE, OPT_NO_SR, OPT_PRINT_URI, OPT_SELINUX_LABEL,
-  OPT_VSOCK, OPT_LOG, OPT_FILTER,
+  OPT_VSOCK, OPT_LOG, OPT_FILTER, OPT_FDSTORE,
 };
 
 static const struct option long_opts[] = {
@@ -297,6 +311,7 @@ static const struct option long_opts[] = {
   { "handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT },
   { "idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT },
   { "restart-timeout", required_argument, NULL, OPT_RESTART_TIMEOUT },
+  { "fdstore", no_argument, NULL, OPT_FDSTORE },
   { "tls", required_argument, NULL, OPT_TLS },
   { "tls-certificates", required_argument, NULL, OPT_TLS_CERTIFICATES },
   { "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY_PEER },
@@ -487,6 +502,7 @@ main (int argc, char **argv)
   pid_t parent = getppid ();
   int c, exit_code = EXIT_SUCCESS;
   struct event *ev_stop = NULL, *ev_chld = NULL, *ev_hup = NULL, *ev_usr2 = NULL;
+  struct event *ev_term = NULL;
   long ncpu = sysconf (_SC_NPROCESSORS_ONLN);
   uint64_t iobuf_mem = 1024ull * 1024 * 1024;
   enum { MAX_FILTERS = 64 };
@@ -571,6 +587,7 @@ main (int argc, char **argv)
     case OPT_RESTART_TIMEOUT:
       cfg.restart_timeout = parse_int_opt ("--restart-timeout", optarg, 1, 3600);
       break;
+    case OPT_FDSTORE: cfg.fdstore = true; break;
     case OPT_TLS: {
       /* nbdkit also spells "on" yes/true and "off" no/false. */
       static const enum tls_mode modes[] = { TLS_OFF, TLS_ON, TLS_REQUIRE, TLS_OFF,
@@ -656,6 +673,17 @@ main (int argc, char **argv)
   }
   if (dump)
     return backend_stack_dump (plugin, filters, nfilters) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  /* --fdstore: a SIGTERM that comes while we start (a second `systemctl
+   * restart` right after the first) waits, blocked, until the main loop
+   * can hand the connections over (ev_term), instead of closing them.
+   * Not with --run or -s, whose stop it is; their child must not inherit
+   * the mask. */
+  bool term_deferred = cfg.fdstore && sdnotify_available () && !cfg.run_cmd && !cfg.single;
+  sigset_t term_set;
+  sigemptyset (&term_set);
+  sigaddset (&term_set, SIGTERM);
+  if (term_deferred)
+    pthread_sigmask (SIG_BLOCK, &term_set, NULL);
   /* Before anything opens a file: a live restart's state names our fds. */
   restart_init ();
 
@@ -707,8 +735,9 @@ main (int argc, char **argv)
   cfg.quiet = !log_verbose
     && (cfg.run_cmd || cfg.single || (cfg.unix_path && strcmp (cfg.unix_path, "-") == 0)
         || (listen_pid && getenv ("LISTEN_FDS") && atol (listen_pid) == getpid ())
-        /* a live restart's new image of a socket-activated server */
-        || (restart_adopting () && cfg.socket_activated));
+        /* a restarted socket-activated server (live, or through systemd's
+         * store): only restart_init sets this before listen_setup */
+        || cfg.socket_activated);
   /* TLS files are checked before we bind or fork: a bad key is a loud
    * start-up error, not a handshake failure on every connection. */
   if (cfg.tls != TLS_OFF && tls_setup () == -1) {
@@ -803,10 +832,24 @@ main (int argc, char **argv)
     exit_code = EXIT_FAILURE;
     goto out_events;
   }
+  /* --fdstore: SIGTERM on the main loop (libevent takes over on_signal's
+   * handler, and gives it back when the event is freed). */
+  if (cfg.fdstore && !sdnotify_available ())
+    log_warn ("--fdstore: no $NOTIFY_SOCKET (not started by systemd with NotifyAccess=); "
+              "SIGTERM stops as usual");
+  else if (cfg.fdstore && (!(ev_term = evsignal_new (main_base, SIGTERM, on_sigterm_store, NULL))
+                           || event_add (ev_term, NULL) == -1)) {
+    fprintf (stderr, "blkd: --fdstore: cannot watch SIGTERM: %m\n");
+    exit_code = EXIT_FAILURE;
+    goto out_events;
+  }
+  if (term_deferred)              /* one that came meanwhile is delivered now */
+    pthread_sigmask (SIG_UNBLOCK, &term_set, NULL);
   if (!cfg.quiet)
     log_info ("serving %s on %s (%d shards)", plugin_name (),
               cfg.single ? "stdin/stdout" : listen_uri (), cfg.shards);
   restart_adopt_conns ();
+  restart_ready ();
   if (daemon_ready_fd >= 0) {
     if (write (daemon_ready_fd, "", 1) != 1)
       log_warn ("could not tell the parent we are ready: %m");
@@ -836,6 +879,8 @@ out_events:
     event_free (ev_hup);
   if (ev_usr2)
     event_free (ev_usr2);
+  if (ev_term)
+    event_free (ev_term);
 out_shards:
   atomic_store (&server_stopping, true);
   shard_stop_all ();
@@ -857,15 +902,16 @@ out_listen:
   backend_stack_unload ();        /* writeback: dirty blocks reach the plugin */
   debug_flags_free ();
   tls_cleanup ();
-  if (cfg.pidfile && exit_code == EXIT_SUCCESS && !restart_exec_pending ())
+  if (cfg.pidfile && exit_code == EXIT_SUCCESS
+      && (!restart_exec_pending () || restart_to_store ()))
     unlink (cfg.pidfile);
   if (run_tmpdir) {
     rmdir (run_tmpdir);
     free (run_tmpdir);
   }
-  if (restart_exec_pending ()) {
-    restart_exec ();              /* returns only if no image could start */
+  /* An exec returns only if no image could start; the store, once
+   * everything is in it (exit 0: systemd's stop succeeded). */
+  if (restart_exec_pending () && restart_exec () == -1)
     exit_code = EXIT_FAILURE;
-  }
   return exit_code;
 }

@@ -19,7 +19,23 @@
  *                          through the layer stack (.preconnect, .open)
  *                          and put in the transmission phase.
  * Limits: TLS sessions cannot be handed over (OpenSSL's state does not
- * survive an exec); --run, -s and -U - have nothing to hand over to. */
+ * survive an exec); --run, -s and -U - have nothing to hand over to.
+ *
+ * A second transport for the same state: systemd's file descriptor store
+ * (--fdstore, under a unit with FileDescriptorStoreMax=).  SIGTERM then
+ * quiesces and detaches exactly as above, but instead of execv the state
+ * memfd, the listeners blkd bound itself and every connection go to
+ * systemd (sd_notify FDSTORE=1, one FDNAME= each: sdnotify.c) and the
+ * process exits 0.  systemd keeps the store across `systemctl restart`
+ * and closes it when the unit stops for good, so the connections end
+ * exactly when the service really stops.  The next process finds them in
+ * LISTEN_FDS/LISTEN_FDNAMES after the socket unit's listeners
+ * (store_init), adopts them through the same path, and only once it
+ * serves removes them from the store (restart_ready): a copy left there
+ * would keep a connection open after blkd closed it.  The state's fd
+ * fields then hold slot numbers, resolved by name: a connection whose
+ * client hung up while stored (systemd drops it on EPOLLHUP) or that the
+ * store had no room for is skipped, not fatal. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -35,6 +51,9 @@
 #include <unistd.h>
 
 #include <event2/event.h>
+
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
 
 #include "internal.h"
 
@@ -56,6 +75,13 @@
 #define STATE_MAX       (64u << 20)
 #define MAX_LISTEN      16
 #define MAX_CONNS       (1u << 20)
+
+/* Names in the file descriptor store: STORE_PREFIX GEN "-state", "-lI"
+ * (a listener blkd bound itself), "-cI" (connection record I); GEN is the
+ * restart count, so that a copy some earlier process failed to remove is
+ * never mistaken for the latest. */
+#define STORE_PREFIX    "blkdstore-"
+#define STORE_BARRIER_MS 5000
 
 #define SF_SOCKET_ACTIVATED 1u      /* header flags */
 #define SF_UNIX_CREATED     2u
@@ -87,10 +113,27 @@ static int in_listen[MAX_LISTEN], n_in_listen;
 static struct handed *in_conns;
 static unsigned n_in_conns;
 
+/* Found in systemd's file descriptor store (new process). */
+enum store_kind { SK_STATE, SK_LISTENER, SK_CONN };
+struct stored {
+  enum store_kind kind;
+  uint64_t gen;
+  uint32_t idx;
+  int fd;
+  bool used;                      /* taken: not closed with the rest */
+};
+static bool from_store;
+static struct stored *st_fds;     /* sorted by kind, gen, idx */
+static int st_n;
+static uint64_t st_gen;           /* the generation adopted: the latest state's */
+static char **st_names;           /* every name of ours passed: removed once serving */
+static int st_nnames;
+
 /* A restart in progress (old image).  The main thread drives the phases;
  * shards report through done_fd. */
 enum rphase { R_IDLE, R_QUIESCE, R_DETACH, R_EXEC };
 static enum rphase rphase;
+static bool to_store;             /* SIGTERM with --fdstore: hand over to systemd */
 static struct event_base *mbase;
 static int done_fd = -1;
 static struct event *ev_done, *ev_bound, *ev_giveup;
@@ -113,6 +156,7 @@ uint64_t restart_count (void) { return atomic_load (&restarts); }
 uint64_t restart_handed_total (void) { return atomic_load (&handed_total); }
 bool restart_adopting (void) { return adopting; }
 bool restart_exec_pending (void) { return rphase == R_EXEC; }
+bool restart_to_store (void) { return to_store; }
 
 static void
 handed_free_list (struct handed *h, bool close_fds)
@@ -232,7 +276,9 @@ cmp_int (const void *a, const void *b)
   return *(const int *) a - *(const int *) b;
 }
 
-/* The preamble: magic and listeners.  0, or -1 with nothing kept. */
+/* The preamble: magic and listeners.  0, or -1 with nothing kept.  From
+ * the store the listeners are not taken from it (store_listeners): the
+ * socket unit passes its own again, and the fd fields are slots. */
 static int
 parse_preamble (struct reader *r)
 {
@@ -248,9 +294,12 @@ parse_preamble (struct reader *r)
     log_error ("live restart: state out of bounds (%u listeners, flags 0x%x)", nlisten, flags);
     return -1;
   }
+  in_flags = flags;
   for (uint32_t i = 0; i < nlisten; i++) {
     int32_t fd;
     rd (r, &fd, 4);
+    if (from_store)
+      continue;
     for (uint32_t k = 0; k < i; k++)
       if (in_listen[k] == fd)
         fd = -1;                  /* named twice */
@@ -260,10 +309,14 @@ parse_preamble (struct reader *r)
     }
     in_listen[i] = fd;
   }
-  n_in_listen = nlisten;
-  in_flags = flags;
+  if (r->bad)
+    return -1;
+  if (!from_store)
+    n_in_listen = nlisten;
   return 0;
 }
+
+static int store_conn_fd (int32_t slot);
 
 /* The rest, as untrusted input: every count and length bounded, every fd
  * a connected socket, named once and not a listener.  0, or -1 with no
@@ -299,6 +352,7 @@ parse_conns (struct reader *r)
   for (int i = 0; i < n_in_listen; i++)
     fds[nfds++] = in_listen[i];
   struct handed **tail = &in_conns;
+  uint32_t kept = 0;
   for (uint32_t i = 0; i < nconns; i++) {
     struct handed h = { .next = NULL };
     int32_t fd;
@@ -327,6 +381,13 @@ parse_conns (struct reader *r)
     }
     rd (r, h.name, name_len);
     h.name[name_len] = '\0';
+    if (from_store && !r->bad && (fd = h.fd = store_conn_fd (fd)) == -1) {
+      log_info ("restart: peer %s (connection %llu before) was not in the file descriptor "
+                "store: its client hung up, or FileDescriptorStoreMax= is too small",
+                h.peer, (unsigned long long) h.old_id);
+      free (h.name);
+      continue;
+    }
     struct handed *p = malloc (sizeof *p);
     if (r->bad || !p || strlen (h.name) != name_len || strlen (h.peer) != peer_len
         || !valid_socket (fd, false)) {
@@ -339,6 +400,7 @@ parse_conns (struct reader *r)
     *tail = p;
     tail = &p->next;
     fds[nfds++] = fd;
+    kept++;
   }
   if (r->p != r->end) {
     log_error ("live restart: %zu bytes after the last record", (size_t) (r->end - r->p));
@@ -351,12 +413,14 @@ parse_conns (struct reader *r)
       goto bad;
     }
   free (fds);
-  char *path = strdup (exe);     /* the path the first image resolved */
+  /* The path the first image resolved; a process systemd started resolved
+   * its own. */
+  char *path = from_store ? NULL : strdup (exe);
   if (path) {
     free (exe_path);
     exe_path = path;
   }
-  n_in_conns = nconns;
+  n_in_conns = kept;
   atomic_store (&restarts, nrestarts);
   atomic_store (&handed_total, nhanded);
   return 0;
@@ -391,12 +455,318 @@ restart_save_argv (int argc, char **argv)
   exe_path = resolve_exe (argv[0]);
 }
 
+/* The whole state from its memfd, or NULL. */
+static uint8_t *
+state_read (int fd, size_t *len)
+{
+  struct stat st;
+  if (fstat (fd, &st) == -1 || !S_ISREG (st.st_mode) || st.st_size <= 0
+      || st.st_size > STATE_MAX)
+    return NULL;
+  uint8_t *buf = malloc (st.st_size);
+  size_t got = 0;
+  while (buf && got < (size_t) st.st_size) {
+    ssize_t n = pread (fd, buf + got, st.st_size - got, got);
+    if (n <= 0)
+      break;
+    got += n;
+  }
+  if (buf && got != (size_t) st.st_size) {
+    free (buf);
+    buf = NULL;
+  }
+  *len = got;
+  return buf;
+}
+
+/* Listeners and connections are ours now: no plugin's child may inherit
+ * them. */
+static void
+inherit_done (void)
+{
+  for (int i = 0; i < n_in_listen; i++)
+    fcntl (in_listen[i], F_SETFD, FD_CLOEXEC);
+  /* Known before start-up decides how quiet to be (main.c). */
+  if (n_in_listen > 0 && (in_flags & SF_SOCKET_ACTIVATED))
+    cfg.socket_activated = true;
+  for (struct handed *h = in_conns; h; h = h->next)
+    fcntl (h->fd, F_SETFD, FD_CLOEXEC);
+}
+
+/* ---- the file descriptor store (new process) -------------------------- */
+
+/* NAME as STORE_PREFIX GEN "-state" | "-l" IDX | "-c" IDX; -1 if not. */
+static int
+store_name_parse (const char *name, struct stored *e)
+{
+  size_t pl = strlen (STORE_PREFIX);
+  if (strncmp (name, STORE_PREFIX, pl) != 0 || name[pl] < '0' || name[pl] > '9')
+    return -1;
+  char *end;
+  errno = 0;
+  e->gen = strtoull (name + pl, &end, 10);
+  if (errno || *end != '-')
+    return -1;
+  end++;
+  e->idx = 0;
+  if (strcmp (end, "state") == 0) {
+    e->kind = SK_STATE;
+    return 0;
+  }
+  if ((*end != 'l' && *end != 'c') || end[1] < '0' || end[1] > '9')
+    return -1;
+  e->kind = *end == 'l' ? SK_LISTENER : SK_CONN;
+  char *tail;
+  unsigned long idx = strtoul (end + 1, &tail, 10);
+  if (*tail || idx >= MAX_CONNS)
+    return -1;
+  e->idx = idx;
+  return 0;
+}
+
+static int
+cmp_stored (const void *a, const void *b)
+{
+  const struct stored *x = a, *y = b;
+  if (x->kind != y->kind)
+    return x->kind < y->kind ? -1 : 1;
+  if (x->gen != y->gen)
+    return x->gen < y->gen ? -1 : 1;
+  return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+static struct stored *
+store_find (enum store_kind kind, uint64_t gen, uint32_t idx)
+{
+  struct stored key = { .kind = kind, .gen = gen, .idx = idx };
+  return st_n ? bsearch (&key, st_fds, st_n, sizeof *st_fds, cmp_stored) : NULL;
+}
+
+/* parse_conns: record SLOT's socket, taken once; -1 if it is not there. */
+static int
+store_conn_fd (int32_t slot)
+{
+  struct stored *e = slot >= 0 ? store_find (SK_CONN, st_gen, slot) : NULL;
+  if (!e || e->used)
+    return -1;
+  e->used = true;
+  return e->fd;
+}
+
+static void
+store_close_unused (void)
+{
+  for (int i = 0; i < st_n; i++)
+    if (!st_fds[i].used && st_fds[i].fd >= 0) {
+      close (st_fds[i].fd);
+      st_fds[i].fd = -1;
+    }
+}
+
+/* The fds systemd passed that are ours: every one named STORE_PREFIX...
+ * (the socket unit's come first, under their own names).  Returns how
+ * many socket-unit fds lead, or -1 when nothing of ours was passed (the
+ * environment is then left to listen.c's socket activation). */
+static int
+store_scan (char ***names_out)
+{
+  const char *pid = getenv ("LISTEN_PID"), *nfds = getenv ("LISTEN_FDS");
+  const char *names = getenv ("LISTEN_FDNAMES");
+  if (!pid || !nfds || !names || atol (pid) != getpid ()
+      || !strstr (names, STORE_PREFIX))
+    return -1;
+  char *end;
+  long n = strtol (nfds, &end, 10);
+  if (*nfds == '\0' || *end || n <= 0 || n > MAX_CONNS)
+    return -1;
+  char *copy = strdup (names);
+  char **name = calloc (n, sizeof *name);
+  st_fds = calloc (n, sizeof *st_fds);
+  st_names = calloc (n, sizeof *st_names);
+  if (!copy || !name || !st_fds || !st_names) {
+    log_error ("restart: out of memory reading systemd's file descriptor store");
+    goto fail;
+  }
+  /* One name per fd, or we cannot tell which is which. */
+  char *p = copy;
+  long k = 0;
+  for (char *tok; k < n && (tok = strsep (&p, ":")); k++)
+    name[k] = tok;
+  if (k != n || p) {
+    log_error ("restart: LISTEN_FDNAMES names %s fds than LISTEN_FDS=%ld; "
+               "not using the file descriptor store", k < n ? "fewer" : "more", n);
+    goto fail;
+  }
+  int nsock = -1;
+  for (long i = 0; i < n; i++) {
+    int fd = 3 + i;
+    struct stored e = { .fd = fd };
+    bool ours = strncmp (name[i], STORE_PREFIX, strlen (STORE_PREFIX)) == 0;
+    if (!ours) {
+      if (nsock < 0)
+        continue;                 /* one of the socket unit's */
+      /* systemd passes the socket units' fds first: one after ours is not a
+       * listener listen.c could take (LISTEN_FDS counts from fd 3). */
+      log_warn ("restart: fd %d (\"%s\") comes after the stored ones; closing it", fd, name[i]);
+      close (fd);
+      continue;
+    }
+    if (nsock < 0)
+      nsock = i;
+    if (!(st_names[st_nnames++] = strdup (name[i])))
+      st_nnames--;
+    if (store_name_parse (name[i], &e) == -1) {
+      log_warn ("restart: \"%s\" in the file descriptor store is not one blkd stores; "
+                "closing it", name[i]);
+      close (fd);
+      continue;
+    }
+    st_fds[st_n++] = e;
+  }
+  if (nsock < 0)
+    goto fail;                    /* the prefix only inside another name */
+  qsort (st_fds, st_n, sizeof *st_fds, cmp_stored);
+  /* The names the socket unit gave, for listen.c if the state is unused. */
+  for (int i = 0; i < nsock; i++)
+    name[i] = strdup (name[i]);
+  for (long i = nsock; i < n; i++)
+    name[i] = NULL;
+  *names_out = name;
+  free (copy);
+  return nsock;
+
+fail:
+  free (copy);
+  free (name);
+  free (st_fds);
+  st_fds = NULL;
+  st_n = 0;
+  for (int i = 0; i < st_nnames; i++)
+    free (st_names[i]);
+  free (st_names);
+  st_names = NULL;
+  st_nnames = 0;
+  return -1;
+}
+
+/* The listeners: the socket unit's if it passes any (as a first start
+ * would take them), else the ones the previous process bound and stored.
+ * 0, or -1 with none. */
+static int
+store_listeners (int nsock)
+{
+  n_in_listen = 0;
+  if (nsock > MAX_LISTEN)
+    return -1;
+  if (nsock > 0) {
+    for (int i = 0; i < nsock; i++) {
+      if (!valid_socket (3 + i, true)) {
+        log_error ("restart: fd %d from the socket unit is not a listening socket", 3 + i);
+        n_in_listen = 0;
+        return -1;
+      }
+      in_listen[n_in_listen++] = 3 + i;
+    }
+    in_flags = (in_flags & ~SF_UNIX_CREATED) | SF_SOCKET_ACTIVATED;
+    return 0;
+  }
+  for (int i = 0; i < st_n && n_in_listen < MAX_LISTEN; i++) {
+    struct stored *e = &st_fds[i];
+    if (e->kind == SK_LISTENER && e->gen == st_gen && valid_socket (e->fd, true)) {
+      e->used = true;
+      in_listen[n_in_listen++] = e->fd;
+    }
+  }
+  in_flags &= ~SF_SOCKET_ACTIVATED;
+  return n_in_listen > 0 ? 0 : -1;
+}
+
+/* A restart through the store: systemd started this process with the
+ * previous one's state and sockets among LISTEN_FDS. */
+static void
+store_init (void)
+{
+  char **sock_names = NULL;
+  int nsock = store_scan (&sock_names);
+  if (nsock < 0)
+    return;
+  from_store = true;
+  struct stored *state = NULL;
+  for (int i = 0; i < st_n; i++)
+    if (st_fds[i].kind == SK_STATE)
+      state = &st_fds[i];         /* sorted: the last has the latest generation */
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  if (state) {
+    st_gen = state->gen;
+    buf = state_read (state->fd, &len);
+  }
+  struct reader r = { buf, buf + len, !buf };
+  if (!state)
+    log_error ("restart: %d fd(s) in systemd's file descriptor store but no state; "
+               "closing them", st_n);
+  else if (r.bad || parse_preamble (&r) == -1)
+    log_error ("restart: cannot use the state in systemd's file descriptor store; "
+               "closing its connections");
+  else if (store_listeners (nsock) == -1)
+    log_error ("restart: no listening socket to serve from the file descriptor store; "
+               "closing its connections");
+  else if (parse_conns (&r) == -1) {
+    log_error ("restart: cannot read the connections in the file descriptor store; "
+               "closing them");
+    for (int i = 0; i < st_n; i++)
+      if (st_fds[i].kind == SK_CONN)
+        st_fds[i].used = false;
+  }
+  else
+    log_info ("restart: state of restart %llu from systemd's file descriptor store, "
+              "%u connection(s)", (unsigned long long) st_gen, n_in_conns);
+  free (buf);
+  store_close_unused ();
+  free (st_fds);
+  st_fds = NULL;
+  st_n = 0;
+  if (n_in_listen > 0) {
+    unsetenv ("LISTEN_PID");
+    unsetenv ("LISTEN_FDS");
+    unsetenv ("LISTEN_FDNAMES");
+    inherit_done ();
+  }
+  else if (nsock > 0) {
+    /* listen.c takes the socket unit's fds as on any start. */
+    size_t need = 1;
+    for (int i = 0; i < nsock; i++)
+      need += strlen (sock_names[i] ? sock_names[i] : "") + 1;
+    char *joined = calloc (1, need), num[16];
+    for (int i = 0; joined && i < nsock; i++) {
+      if (i)
+        strcat (joined, ":");
+      strcat (joined, sock_names[i] ? sock_names[i] : "");
+    }
+    snprintf (num, sizeof num, "%d", nsock);
+    setenv ("LISTEN_FDS", num, 1);
+    if (joined)
+      setenv ("LISTEN_FDNAMES", joined, 1);
+    free (joined);
+  }
+  else {
+    unsetenv ("LISTEN_PID");
+    unsetenv ("LISTEN_FDS");
+    unsetenv ("LISTEN_FDNAMES");
+  }
+  for (int i = 0; i < nsock; i++)
+    free (sock_names[i]);
+  free (sock_names);
+}
+
 void
 restart_init (void)
 {
   const char *env = getenv (RESTART_ENV);
-  if (!env)
+  if (!env) {
+    store_init ();
     return;
+  }
   char val[32];
   snprintf (val, sizeof val, "%s", env);
   unsetenv (RESTART_ENV);
@@ -405,26 +775,20 @@ restart_init (void)
   adopting = true;
   char *end;
   long fd = strtol (val, &end, 10);
-  struct stat st;
-  if (val[0] == '\0' || *end || fd <= STDERR_FILENO || fd > INT_MAX
-      || fstat ((int) fd, &st) == -1 || !S_ISREG (st.st_mode)
-      || st.st_size <= 0 || st.st_size > STATE_MAX) {
+  size_t len = 0;
+  uint8_t *buf = NULL;
+  if (val[0] != '\0' && !*end && fd > STDERR_FILENO && fd <= INT_MAX) {
+    buf = state_read ((int) fd, &len);
+    close ((int) fd);
+  }
+  if (!buf) {
     log_error ("live restart: %s=%s does not name a state file; starting afresh",
                RESTART_ENV, val);
     close_inherited_sockets (NULL, 0);
     return;
   }
-  uint8_t *buf = malloc (st.st_size);
-  size_t got = 0;
-  while (buf && got < (size_t) st.st_size) {
-    ssize_t n = pread ((int) fd, buf + got, st.st_size - got, got);
-    if (n <= 0)
-      break;
-    got += n;
-  }
-  close ((int) fd);
-  struct reader r = { buf, buf + got, !buf || got != (size_t) st.st_size };
-  if (r.bad || parse_preamble (&r) == -1) {
+  struct reader r = { buf, buf + len, false };
+  if (parse_preamble (&r) == -1) {
     log_error ("live restart: cannot use the state passed by the previous image; "
                "starting afresh");
     n_in_listen = 0;
@@ -435,14 +799,7 @@ restart_init (void)
                "listening sockets only");
     close_inherited_sockets (in_listen, n_in_listen);
   }
-  /* Ours now: no plugin's child may inherit them. */
-  for (int i = 0; i < n_in_listen; i++)
-    fcntl (in_listen[i], F_SETFD, FD_CLOEXEC);
-  /* Known before start-up decides how quiet to be (main.c). */
-  if (n_in_listen > 0 && (in_flags & SF_SOCKET_ACTIVATED))
-    cfg.socket_activated = true;
-  for (struct handed *h = in_conns; h; h = h->next)
-    fcntl (h->fd, F_SETFD, FD_CLOEXEC);
+  inherit_done ();
   free (buf);
 }
 
@@ -538,7 +895,8 @@ restart_adopt_conns (void)
       handed_free_list (lists[k], true);
     }
   free (lists);
-  log_info ("live restart %llu done: serving again, %u connection(s) handed over",
+  log_info ("%s %llu done: serving again, %u connection(s) handed over",
+            from_store ? "restart through the file descriptor store" : "live restart",
             (unsigned long long) restart_count (), n_in_conns);
 }
 
@@ -716,6 +1074,12 @@ restart_off (const char *why)
   evtimer_del (ev_giveup);
   call_all (shard_resume);
   listen_hold (false);
+  if (to_store) {
+    /* SIGTERM asked for a stop: it still gets one, closing the connections. */
+    log_error ("SIGTERM: stopping without the file descriptor store");
+    to_store = false;
+    nbdkit_shutdown ();           /* what the signal handler does, on this thread */
+  }
 }
 
 static bool
@@ -761,7 +1125,7 @@ on_done (evutil_socket_t fd, short what, void *arg)
     return;
   if (rphase == R_QUIESCE) {
     /* Checked again: the binary may have gone while we waited. */
-    if (!exe_usable ()) {
+    if (!to_store && !exe_usable ()) {
       char why[PATH_MAX + 64];
       snprintf (why, sizeof why, "cannot execute %s: %m", exe_path ? exe_path : "blkd");
       restart_off (why);
@@ -792,18 +1156,27 @@ on_done (evutil_socket_t fd, short what, void *arg)
   }
 }
 
-void
-restart_begin (struct event_base *main_base)
+/* SIGUSR2 (to_store false) or, with --fdstore under systemd, SIGTERM.
+ * -1: refused, nothing paused. */
+int
+restart_begin (struct event_base *main_base, bool store)
 {
   mbase = main_base;
   if (rphase != R_IDLE) {
-    log_warn ("live restart: already under way");
-    return;
+    if (store && !to_store) {
+      /* The unit is stopping: an exec now would outlive the stop. */
+      log_info ("SIGTERM: the live restart under way goes to the file descriptor store "
+                "instead of exec");
+      to_store = true;
+    }
+    else
+      log_warn ("live restart: already under way");
+    return 0;
   }
-  if (!exe_usable ()) {
+  if (!store && !exe_usable ()) {
     log_error ("live restart refused: cannot execute %s: %m; still serving in this process",
                exe_path ? exe_path : "the binary");
-    return;
+    return -1;
   }
   if (done_fd < 0) {
     done_fd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -816,11 +1189,16 @@ restart_begin (struct event_base *main_base)
     atomic_store_explicit (&rs, r, memory_order_release);
     if (!ev_done || !ev_bound || !ev_giveup || !r || event_add (ev_done, NULL) == -1) {
       log_error ("live restart refused: cannot set up: %m");
-      return;                     /* restart_cleanup frees what was made */
+      return -1;                  /* restart_cleanup frees what was made */
     }
   }
-  log_info ("live restart: quiescing %u connection(s), then exec %s",
-            shard_total_conns (), exe_path);
+  to_store = store;
+  if (store)
+    log_info ("SIGTERM: quiescing %u connection(s) for systemd's file descriptor store",
+              shard_total_conns ());
+  else
+    log_info ("live restart: quiescing %u connection(s), then exec %s",
+              shard_total_conns (), exe_path);
   rphase = R_QUIESCE;
   listen_hold (true);
   /* The shards close what they must after --restart-timeout; past that
@@ -830,6 +1208,7 @@ restart_begin (struct event_base *main_base)
   tv.tv_sec += 5;
   evtimer_add (ev_giveup, &tv);
   call_all (shard_quiesce);
+  return 0;
 }
 
 /* ---- exec ------------------------------------------------------------ */
@@ -864,8 +1243,10 @@ wr (struct writer *w, const void *p, size_t n)
 static void wr32 (struct writer *w, uint32_t v) { wr (w, &v, 4); }
 static void wr64 (struct writer *w, uint64_t v) { wr (w, &v, 8); }
 
+/* SLOTS (the store): each fd field holds the record's slot, which names
+ * the fd in the store, not the fd number. */
 static int
-write_state (void)
+write_state (bool slots)
 {
   struct writer w = { 0 };
   uint32_t nconns = 0;
@@ -876,7 +1257,7 @@ write_state (void)
   wr32 (&w, n_out_listen);
   wr32 (&w, out_flags);
   for (int i = 0; i < n_out_listen; i++) {
-    int32_t fd = out_listen[i];
+    int32_t fd = slots ? i : out_listen[i];
     wr (&w, &fd, 4);
   }
   wr32 (&w, STATE_VERSION);
@@ -885,9 +1266,10 @@ write_state (void)
   wr64 (&w, restart_handed_total ());
   wr32 (&w, exe_len);
   wr (&w, exe_path, exe_len);
+  int32_t slot = 0;
   for (int i = 0; i < rs_n; i++)
     for (struct handed *h = rs[i].out; h; h = h->next) {
-      int32_t fd = h->fd;
+      int32_t fd = slots ? slot++ : h->fd;
       wr (&w, &fd, 4);
       wr32 (&w, h->cflags);
       wr64 (&w, h->size);
@@ -918,7 +1300,60 @@ write_state (void)
   return fd;
 }
 
-void
+/* One fd into the store under NAME; systemd keeps its own copy. */
+static int
+store_put (const char *name, int fd)
+{
+  char msg[128];
+  snprintf (msg, sizeof msg, "FDSTORE=1\nFDNAME=%s", name);
+  return sdnotify_send (msg, &fd, 1);
+}
+
+/* The state first, so that the store's room goes to it before any
+ * connection; then the listeners blkd bound itself (a socket unit keeps
+ * its own), then each connection.  Whatever systemd refuses (store full)
+ * it closes and logs; the next process skips those records. */
+static int
+store_handover (uint32_t nconns)
+{
+  uint64_t gen = restart_count ();
+  char name[64];
+  int fd = write_state (true);
+  if (fd < 0)
+    return -1;
+  snprintf (name, sizeof name, STORE_PREFIX "%llu-state", (unsigned long long) gen);
+  int r = store_put (name, fd);
+  close (fd);
+  if (r == -1) {
+    log_error ("SIGTERM: cannot send the state to systemd (%s): %m; every connection closes",
+               getenv ("NOTIFY_SOCKET"));
+    return -1;
+  }
+  unsigned lost = 0;
+  if (!(out_flags & SF_SOCKET_ACTIVATED))
+    for (int i = 0; i < n_out_listen; i++) {
+      snprintf (name, sizeof name, STORE_PREFIX "%llu-l%d", (unsigned long long) gen, i);
+      if (store_put (name, out_listen[i]) == -1)
+        log_error ("SIGTERM: cannot store listening socket %d: %m", i);
+    }
+  uint32_t slot = 0;
+  for (int i = 0; i < rs_n; i++)
+    for (struct handed *h = rs[i].out; h; h = h->next, slot++) {
+      snprintf (name, sizeof name, STORE_PREFIX "%llu-c%u", (unsigned long long) gen, slot);
+      if (store_put (name, h->fd) == -1 && lost++ == 0)
+        log_error ("SIGTERM: cannot store a connection (peer %s): %m; it closes", h->peer);
+    }
+  /* systemd must have read every message before it sees us exit. */
+  if (sdnotify_barrier (STORE_BARRIER_MS) == -1)
+    log_warn ("SIGTERM: systemd did not confirm the file descriptor store: %m");
+  log_info ("SIGTERM: %u connection(s) in systemd's file descriptor store (restart %llu); "
+            "they close when the unit stops, or the next start serves them",
+            nconns - lost, (unsigned long long) gen);
+  sdnotify_close ();
+  return 0;
+}
+
+int
 restart_exec (void)
 {
   uint32_t nconns = 0;
@@ -926,11 +1361,20 @@ restart_exec (void)
     nconns += rs[i].nout;
   atomic_fetch_add (&restarts, 1);
   atomic_fetch_add (&handed_total, nconns);
+  if (to_store) {
+    int r = store_handover (nconns);
+    for (int i = 0; i < n_out_listen; i++)
+      close (out_listen[i]);
+    n_out_listen = 0;
+    rphase = R_IDLE;
+    restart_cleanup ();
+    return r;
+  }
   /* Until the next image installs its handler, another SIGUSR2 is
    * dropped instead of killing us (an ignored signal stays ignored
    * across execve). */
   signal (SIGUSR2, SIG_IGN);
-  int fd = write_state ();
+  int fd = write_state (false);
   if (fd >= 0) {
     char num[16];
     snprintf (num, sizeof num, "%d", fd);
@@ -952,6 +1396,39 @@ restart_exec (void)
   n_out_listen = 0;
   rphase = R_IDLE;
   restart_cleanup ();
+  return -1;
+}
+
+static void
+store_names_free (void)
+{
+  for (int i = 0; i < st_nnames; i++)
+    free (st_names[i]);
+  free (st_names);
+  st_names = NULL;
+  st_nnames = 0;
+}
+
+/* Serving: what this process took from the store leaves it (systemd's
+ * copy of a connection would keep it open after we close it), then
+ * READY=1 (Type=notify) under any service manager. */
+void
+restart_ready (void)
+{
+  if (!sdnotify_available ()) {
+    store_names_free ();
+    return;
+  }
+  for (int i = 0; i < st_nnames; i++) {
+    char msg[300];
+    snprintf (msg, sizeof msg, "FDSTOREREMOVE=1\nFDNAME=%s", st_names[i]);
+    if (sdnotify_send (msg, NULL, 0) == -1)
+      log_error ("restart: cannot remove \"%s\" from systemd's file descriptor store: %m; "
+                 "its connection stays open until the unit stops", st_names[i]);
+  }
+  store_names_free ();
+  if (sdnotify_send ("READY=1", NULL, 0) == -1)
+    log_warn ("cannot tell systemd we are ready (%s): %m", getenv ("NOTIFY_SOCKET"));
 }
 
 void
@@ -978,4 +1455,6 @@ restart_cleanup (void)
   free (exe_path);
   exe_path = NULL;
   free_argv ();
+  store_names_free ();
+  sdnotify_close ();
 }
