@@ -25,7 +25,7 @@
 /* Extents calls one extended BLOCK_STATUS may make while the answer is
  * still one descriptor short of the request: bounds the work one request
  * buys; the client asks again for the rest. */
-#define EXTENTS_CALLS_MAX 256
+#define EXTENTS_CALLS_MAX 1024    /* 2 TiB at least */
 
 static void
 request_reset (struct request *r)
