@@ -309,9 +309,9 @@ struct protocol_header {
 ssize_t protocol_parse_header (bool extended, const uint8_t *in, size_t avail,
                                struct protocol_header *h);
 /* Extended headers: what NBD_CMD_FLAG_PAYLOAD_LEN says follows r's header.
- * 0: nothing, or a WRITE's payload (the flag is cleared); an errno: answer
- * with it once *payload bytes are read past; -1: the stream cannot be
- * trusted (a WRITE without the flag, an absurd payload): close. */
+ * 0: nothing, or a WRITE's payload (the flag is cleared; a WRITE without
+ * it is taken as one too); an errno: answer with it once *payload bytes
+ * are read past; -1: a payload too big to read past: close. */
 int protocol_ext_payload (const struct conn *c, struct request *r, uint64_t *payload);
 /* Validate a parsed header; 0 or the errno to answer with. */
 int protocol_validate (struct conn *c, const struct request *r);

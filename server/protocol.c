@@ -765,13 +765,11 @@ protocol_ext_payload (const struct conn *c, struct request *r, uint64_t *payload
 {
   *payload = 0;
   if (!(r->flags & NBD_CMD_FLAG_PAYLOAD_LEN)) {
-    /* WRITE must say its length is a payload: without the flag we cannot
-     * tell whether bytes follow, so the stream is lost. */
-    if (r->type == NBD_CMD_WRITE) {
-      log_error ("extended WRITE without NBD_CMD_FLAG_PAYLOAD_LEN; closing");
-      return -1;
-    }
-    return 0;
+    if (r->type != NBD_CMD_WRITE)
+      return 0;
+    /* proto.md says WRITE MUST set the flag, but qemu's client (10.0)
+     * does not, and a WRITE's length can only be its payload: take it
+     * as one, as qemu-nbd does.  The ceiling below still applies. */
   }
   if (r->count > ext_payload_ceiling (c)) {
     log_error ("%s: payload of %llu bytes is over the limit; closing",
