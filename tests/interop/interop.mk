@@ -12,3 +12,9 @@ DEPS += libgnutls28-dev libxml2-dev python3-dev dpkg-dev
 .PHONY: interop-clients
 interop-clients: $(if $(filter 1,$(NO_DEPS)),,deps)
 	tests/interop/fetch-clients.sh all
+
+# What extended headers buy on a 64 GiB sparse export and a 1 TiB map
+# (bench/ext-headers.sh): requests and seconds per client, on and off.
+.PHONY: bench-ext
+bench-ext: all
+	bench/ext-headers.sh build/bench
