@@ -93,6 +93,36 @@ check(peer_closed(c.sock), "--ext-headers=require: EXPORT_NAME closes the connec
 c.close()
 req.stop()
 
+# Nothing negotiated in clear survives STARTTLS: extended headers taken
+# before it are off inside TLS until asked for again (proto.md: the client
+# "MUST renegotiate extended headers").
+import ssl  # noqa: E402
+T = tls_material()
+tsrv = Server(["ram", "size=1M"], opts=["--tls=on", "--tls-certificates", os.path.join(T, "server")])
+c = RawClient(tsrv)
+c.start()
+check_eq(c.extended_headers(), NBD_REP_ACK, "EXTENDED_HEADERS in clear")
+check_eq(c.opt_replies(NBD_OPT_STARTTLS)[1], NBD_REP_ACK, "STARTTLS")
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.load_verify_locations(os.path.join(T, "client-ca", "ca-cert.pem"))
+c.sock = ctx.wrap_socket(c.sock, server_hostname="localhost")
+c.extended = c.structured = False
+check_eq(c.go()[0], NBD_REP_ACK, "GO inside TLS without asking again")
+c.send_request(NBD_CMD_FLUSH, cookie=5)
+cookie, err, chunks, _ = c.recv_reply()
+check_eq((cookie, err, chunks), (5, 0, None), "compact headers and a simple reply inside TLS")
+c.disconnect()
+c = RawClient(tsrv)
+c.start()
+check_eq(c.opt_replies(NBD_OPT_STARTTLS)[1], NBD_REP_ACK, "STARTTLS first")
+c.sock = ctx.wrap_socket(c.sock, server_hostname="localhost")
+check_eq(c.extended_headers(), NBD_REP_ACK, "EXTENDED_HEADERS inside TLS")
+check_eq(c.go()[0], NBD_REP_ACK, "GO inside TLS")
+c.send_request(NBD_CMD_FLUSH, cookie=6)
+check_eq(reply(c)[:2], (6, 0), "extended reply inside TLS")
+c.disconnect()
+tsrv.stop()
+
 # ---- transmission --------------------------------------------------------
 c = RawClient(srv)
 size, eflags = c.handshake(extended=True, meta=True)
