@@ -404,6 +404,13 @@ struct conn {
   void *tls;
 };
 
+/* The size of one request header on c: 32 bytes with extended headers. */
+static inline size_t
+protocol_header_size (const struct conn *c)
+{
+  return c->extended ? sizeof (struct nbd_extended_request) : sizeof (struct nbd_request);
+}
+
 struct conn *conn_new (struct shard *s, int fd, const char *peer);
 void conn_start (struct conn *c);
 void conn_on_complete (struct request *r);       /* shard thread */

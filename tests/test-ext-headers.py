@@ -144,6 +144,21 @@ data, _ = read_via_chunks(chunks, base, len(pat))
 check_eq((cookie, err, data == pat), (11, 0, True), "READ returns the data")
 check(all(o == base for o in c.reply_offsets), "every read chunk echoes the request offset")
 
+# A stream of big WRITEs: each payload is read straight into its buffer
+# with the next 32-byte header read behind it (conn.c's write stream).
+K256 = 256 * 1024
+pats = [os.urandom(K256) for _ in range(16)]
+c.sock.sendall(b"".join(c.ext_request(NBD_CMD_WRITE, i * K256, K256, 100 + i,
+                                      NBD_CMD_FLAG_PAYLOAD_LEN) + p for i, p in enumerate(pats)))
+got = sorted(reply(c)[:2] for _ in pats)
+check_eq(got, [(100 + i, 0) for i in range(16)], "16 pipelined 256 KiB WRITEs")
+for i, p in enumerate(pats):
+    c.send_request(NBD_CMD_READ, i * K256, K256, cookie=200 + i)
+    cookie, err, chunks = reply(c)
+    if (cookie, err, read_via_chunks(chunks, i * K256, K256)[0]) != (200 + i, 0, p):
+        fail("pipelined WRITE %d read back wrong" % i)
+ok("16 pipelined 256 KiB WRITEs read back exactly")
+
 # Errors come as ERROR chunks, whatever the command.
 c.send_request(NBD_CMD_FLUSH, 0, 512, cookie=12)
 cookie, err, chunks = reply(c)
