@@ -723,30 +723,23 @@ ssize_t
 protocol_parse_header (bool extended, const uint8_t *in, size_t avail,
                        struct protocol_header *h)
 {
-  if (extended) {
-    struct nbd_extended_request x;
-    if (avail < sizeof x)
-      return 0;
-    memcpy (&x, in, sizeof x);
-    if (be32toh (x.magic) != NBD_EXTENDED_REQUEST_MAGIC)
-      return -1;
-    *h = (struct protocol_header) {
-      .flags = be16toh (x.flags), .type = be16toh (x.type), .cookie = x.cookie,
-      .offset = be64toh (x.offset), .length = be64toh (x.length),
-    };
-    return sizeof x;
-  }
-  struct nbd_request q;
-  if (avail < sizeof q)
+  /* The two forms share their first 24 bytes; only the length differs
+   * (32 bits at byte 24, or 64). */
+  struct nbd_extended_request x;
+  size_t len = extended ? sizeof x : sizeof (struct nbd_request);
+  if (avail < len)
     return 0;
-  memcpy (&q, in, sizeof q);
-  if (be32toh (q.magic) != NBD_REQUEST_MAGIC)
+  memcpy (&x, in, len);
+  if (be32toh (x.magic) != (extended ? NBD_EXTENDED_REQUEST_MAGIC : NBD_REQUEST_MAGIC))
     return -1;
+  uint32_t count32;
+  memcpy (&count32, in + 24, 4);
   *h = (struct protocol_header) {
-    .flags = be16toh (q.flags), .type = be16toh (q.type), .cookie = q.cookie,
-    .offset = be64toh (q.offset), .length = be32toh (q.count),
+    .flags = be16toh (x.flags), .type = be16toh (x.type), .cookie = x.cookie,
+    .offset = be64toh (x.offset),
+    .length = extended ? be64toh (x.length) : be32toh (count32),
   };
-  return sizeof q;
+  return len;
 }
 
 /* The most payload an extended request may announce before we stop
