@@ -380,9 +380,10 @@ opt_extended_headers (struct conn *c, uint32_t len)
   if (len != 0)
     return send_error (c, NBD_OPT_EXTENDED_HEADERS, NBD_REP_ERR_INVALID,
                        "EXTENDED_HEADERS takes no data");
-  if (cfg.ext_headers == EXT_HEADERS_OFF)
+  if (cfg.ext_headers == EXT_HEADERS_OFF || cfg.no_sr)
     return send_error (c, NBD_OPT_EXTENDED_HEADERS, NBD_REP_ERR_UNSUP,
-                       "extended headers are off (--ext-headers=off)");
+                       cfg.no_sr ? "structured replies are off (--no-sr)"
+                       : "extended headers are off (--ext-headers=off)");
   c->extended = true;
   c->structured = true;
   return send_option_reply (c, NBD_OPT_EXTENDED_HEADERS, NBD_REP_ACK, NULL, 0);

@@ -110,7 +110,7 @@ usage (FILE *f)
 "                         (also --read-only)\n"
 "      --mask-handshake=MASK  clear global handshake flags not in MASK\n"
 "                         (bit 0 FIXED_NEWSTYLE, bit 1 NO_ZEROES; default 3)\n"
-"      --no-sr            do not offer structured replies\n"
+"      --no-sr            do not offer structured replies (nor extended headers)\n"
 "      --ext-headers=on|off|require  extended headers (64-bit lengths): offer\n"
 "                         them (default), refuse them, or serve only clients\n"
 "                         that negotiate them\n"
@@ -653,6 +653,11 @@ main (int argc, char **argv)
     return EXIT_FAILURE;
   if (cfg.unix_path && (cfg.vsock || cfg.port)) {
     fprintf (stderr, "blkd: -U cannot be used with -p or --vsock\n");
+    return EXIT_FAILURE;
+  }
+  /* Extended headers carry structured replies with them. */
+  if (cfg.no_sr && cfg.ext_headers == EXT_HEADERS_REQUIRE) {
+    fprintf (stderr, "blkd: --no-sr cannot be used with --ext-headers=require\n");
     return EXIT_FAILURE;
   }
 

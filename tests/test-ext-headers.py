@@ -75,6 +75,17 @@ check_eq(c.structured_reply(), NBD_REP_ACK, "--ext-headers=off: structured repli
 c.close()
 off.stop()
 
+nosr = Server(["ram", "size=1M"], opts=["--no-sr"])
+c = RawClient(nosr)
+c.start()
+check_eq(c.extended_headers(), NBD_REP_ERR_UNSUP, "--no-sr refuses extended headers too")
+c.close()
+nosr.stop()
+r = subprocess.run([BLKD, "--no-sr", "--ext-headers=require", "ram", "size=1M"],
+                   capture_output=True, text=True, timeout=20)
+check(r.returncode != 0 and "--no-sr" in r.stderr,
+      "--no-sr with --ext-headers=require is refused at start-up")
+
 req = Server(["ram", "size=1M"], opts=["--ext-headers=require"])
 c = RawClient(req)
 c.start()
