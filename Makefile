@@ -20,6 +20,8 @@ LIBDIR    = $(PREFIX)/lib/blkd
 PLUGINDIR = $(LIBDIR)/plugins
 MANDIR    = $(PREFIX)/share/man
 FILTERDIR = $(LIBDIR)/filters
+INCLUDEDIR = $(PREFIX)/include
+PKGCONFIGDIR = $(PREFIX)/lib/pkgconfig
 # The one place the release version lives (blkd -V, blkperf -V, /stats,
 # make dist).
 VERSION  := $(shell cat VERSION)
@@ -97,8 +99,13 @@ all: blkd
 
 # The binary always lands at the top of the tree so ./blkd runs uninstalled;
 # it is rebuilt when the build flavour changes (a stamp names the flavour).
-blkd: $(SERVER_OBJS) $(BUILD)/.flavour
-	$(CC) $(ALL_CFLAGS) -rdynamic -o $@ $(SERVER_OBJS) $(ALL_LDFLAGS) $(SERVER_LIBS)
+# Plugins and filters see exactly the nbdkit API: the objects are built
+# with hidden visibility (public.c marks the API default) and the version
+# script keeps everything else out of the dynamic symbol table.
+BLKD_SYMS = server/blkd.syms
+blkd: $(SERVER_OBJS) $(BLKD_SYMS) $(BUILD)/.flavour
+	$(CC) $(ALL_CFLAGS) -rdynamic -Wl,--version-script=$(BLKD_SYMS) -o $@ $(SERVER_OBJS) \
+	  $(ALL_LDFLAGS) $(SERVER_LIBS)
 
 $(BUILD)/.flavour:
 	@mkdir -p $(BUILD)
@@ -108,7 +115,7 @@ $(BUILD)/.flavour:
 # VERSION and the directories are compiled in: a new version rebuilds.
 $(BUILD)/%.o: %.c VERSION | $(DEPS_STEP)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -fvisibility=default -c -o $@ $<
+	$(CC) $(ALL_CFLAGS) -fvisibility=hidden -c -o $@ $<
 
 -include $(SERVER_OBJS:.o=.d)
 
@@ -150,18 +157,32 @@ bench: deps all
 	@mkdir -p build/bench
 	bench/seeds.sh build/bench
 
+# blkd.pc tells plugin authors where blkd-plugin.h is (with nbdkit's
+# headers, which it requires) and where blkd looks for plugins and
+# filters; made at install time so it names the PREFIX installed to.
+PC_SUBST = -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
+           -e 's|@PLUGINDIR@|$(PLUGINDIR)|g' -e 's|@FILTERDIR@|$(FILTERDIR)|g' \
+           -e 's|@VERSION@|$(VERSION)|g'
+
+# The binaries, the in-tree plugins, the header and .pc for plugin
+# authors, and the manual pages.
 install: all
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(MANDIR)/man1
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(MANDIR)/man1 \
+	  $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR)
 	install -m 0755 blkd $(DESTDIR)$(BINDIR)/blkd
 	install -m 0755 blkperf $(DESTDIR)$(BINDIR)/blkperf
 	for p in $(PLUGINS); do install -m 0755 $$p $(DESTDIR)$(PLUGINDIR)/ || exit 1; done
 	install -m 0644 $(MAN_PAGES) $(DESTDIR)$(MANDIR)/man1/
+	install -m 0644 include/blkd-plugin.h $(DESTDIR)$(INCLUDEDIR)/blkd-plugin.h
+	sed $(PC_SUBST) include/blkd.pc.in >$(DESTDIR)$(PKGCONFIGDIR)/blkd.pc
+	chmod 0644 $(DESTDIR)$(PKGCONFIGDIR)/blkd.pc
 
 # Removes what install put there, and the directories only if now empty.
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/blkd $(DESTDIR)$(BINDIR)/blkperf
 	rm -f $(foreach p,$(PLUGINS),$(DESTDIR)$(PLUGINDIR)/$(notdir $(p)))
 	rm -f $(foreach m,$(MAN_PAGES),$(DESTDIR)$(MANDIR)/man1/$(notdir $(m)))
+	rm -f $(DESTDIR)$(INCLUDEDIR)/blkd-plugin.h $(DESTDIR)$(PKGCONFIGDIR)/blkd.pc
 	-rmdir $(DESTDIR)$(PLUGINDIR) $(DESTDIR)$(LIBDIR) 2>/dev/null
 
 # A release tarball of the committed tree (git archive: only what is

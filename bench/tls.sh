@@ -6,11 +6,8 @@
 #   bench/tls.sh [ROUNDS]        (default 3; env: SIZE=1G BLKD=./blkd
 #                                 REQ="262144 4096" MODE=x509|psk
 #                                 CIPHER=default|aes128|aes256
-#                                 SEAL_AB=1 BASE=PATH PROFILE=DIR)
+#                                 BASE=PATH PROFILE=DIR)
 #
-# SEAL_AB=1 adds a third server, blkd --tls-seal=blkd ("blkd_seal"), to
-# the alternation: blkd sealing its own TLS 1.3 records (the opt-in)
-# against OpenSSL's SSL_write (the default, "blkd"), in the same run.
 # BASE=PATH adds another blkd binary with default settings ("blkd_base"),
 # e.g. one built from an earlier commit, for a before/after in one run.
 #
@@ -83,10 +80,6 @@ if [ -n "${BASE:-}" ]; then
   [ -x "$BASE" ] || fail "BASE=$BASE is not an executable"
   start blkd_base "$BASE" memory "$SIZE"
   SERVERS="$SERVERS blkd_base"
-fi
-if [ "${SEAL_AB:-0}" = 1 ]; then
-  start blkd_seal "$BLKD" --tls-seal=blkd memory "$SIZE"
-  SERVERS="$SERVERS blkd_seal"
 fi
 SERVERS="$SERVERS nbdkit"
 start nbdkit nbdkit memory "$SIZE"

@@ -1,7 +1,7 @@
-/* The layer stack: builds protocol → filters → cache → plugin, routes the
- * configuration through it, and runs every call on a context with
+/* The layer stack's calls: every call on a layer or a context, with
  * nbdkit's rules (cached can_* answers, range checks, zero and cache
- * emulation) whatever layer answers it. */
+ * emulation) whatever layer answers it, and each connection's view of
+ * the stack.  stack.c builds the stack. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -10,188 +10,46 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "blkd-plugin.h"
+
+_Static_assert (BACKEND_SERIALIZE_CONNECTIONS == NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS
+                && BACKEND_SERIALIZE_ALL_REQUESTS == NBDKIT_THREAD_MODEL_SERIALIZE_ALL_REQUESTS
+                && BACKEND_SERIALIZE_REQUESTS == NBDKIT_THREAD_MODEL_SERIALIZE_REQUESTS
+                && BACKEND_PARALLEL == NBDKIT_THREAD_MODEL_PARALLEL,
+                "internal.h's thread models are nbdkit's");
 
 struct backend *backend_top;
 int backend_model = NBDKIT_THREAD_MODEL_PARALLEL;
 pthread_mutex_t backend_all_requests_lock = PTHREAD_MUTEX_INITIALIZER;
 __thread struct context *backend_current_ctx;
-static bool stack_inline_safe;
+bool backend_stack_inline;
 
 /* Zeros for emulated WRITE_ZEROES, and a sink for emulated CACHE. */
 #define EMUL_BUF_SIZE (1024 * 1024)
 static void *zero_buf, *sink_buf;
 
 int backend_thread_model (void) { return backend_model; }
-bool backend_inline_safe (void) { return stack_inline_safe; }
-
-bool
-backend_valid_name (const char *name)
-{
-  if (!name || !((name[0] >= 'a' && name[0] <= 'z') || (name[0] >= 'A' && name[0] <= 'Z')
-                 || (name[0] >= '0' && name[0] <= '9')))
-    return false;
-  for (const char *s = name; *s; s++)
-    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')
-          || (*s >= '0' && *s <= '9') || *s == '-'))
-      return false;
-  return true;
-}
-
-/* A name with a '/' or ending in .so is a path; otherwise look for
- * nbdkit-NAME-KIND.so in tree_dir/NAME/ (next to the running binary),
- * then blkd's directory, then nbdkit's.  NULL if none is readable. */
-char *
-backend_find_so (const char *name, const char *kind, const char *tree_dir,
-                 const char *blkd_dir, const char *nbdkit_dir)
-{
-  size_t len = strlen (name);
-  if (strchr (name, '/') || (len > 3 && strcmp (name + len - 3, ".so") == 0)) {
-    char *resolved = realpath (name, NULL);
-    return resolved ? resolved : strdup (name);
-  }
-  char *exe = plugin_exe_dir ();
-  char *path = NULL;
-  for (int i = 0; i < 3; i++) {
-    int r;
-    if (i == 0)
-      r = exe ? asprintf (&path, "%s/%s/%s/nbdkit-%s-%s.so", exe, tree_dir, name, name, kind)
-              : -1;
-    else
-      r = asprintf (&path, "%s/nbdkit-%s-%s.so", i == 1 ? blkd_dir : nbdkit_dir, name, kind);
-    if (r < 0) {
-      path = NULL;
-      continue;
-    }
-    if (access (path, R_OK) == 0)
-      break;
-    free (path);
-    path = NULL;
-  }
-  free (exe);
-  return path;
-}
-
-/* ---- building the stack --------------------------------------------- */
+bool backend_inline_safe (void) { return backend_stack_inline; }
 
 int
-backend_stack_load (const char *plugin, const char *const *filters, int nfilters,
-                    int argc, char **argv)
+backend_buffers_alloc (void)
 {
-  struct backend *b = plugin_layer_load (plugin);
-  if (!b)
-    return -1;
-  backend_top = b;
-  if (cfg.cache_size) {
-    if (!(b = cache_layer_new (backend_top)))
-      return -1;
-    backend_top = b;
-  }
-  /* The first named is outermost, so load from the last. */
-  for (int i = nfilters - 1; i >= 0; i--) {
-    if (!(b = filter_layer_load (backend_top, filters[i])))
-      return -1;
-    backend_top = b;
-  }
-
-  /* key=value arguments go to the outermost layer, which keeps the keys
-   * it knows and passes on the rest; a bare one is the plugin's
-   * magic_config_key ("memory 1G" means "memory size=1G"). */
-  const char *magic = backend_top->magic_config_key (backend_top);
-  for (int i = 0; i < argc; i++) {
-    char *eq = strchr (argv[i], '=');
-    const char *key, *value;
-    /* Split in place, as nbdkit does: layers keep the key and value
-     * pointers (the eval plugin does), so they must live for ever. */
-    if (eq && eq != argv[i]) {
-      *eq = '\0';
-      key = argv[i];
-      value = eq + 1;
-    }
-    else {
-      if (!magic) {
-        fprintf (stderr, "blkd: %s: argument '%s' is not key=value and the plugin "
-                 "has no magic config key\n", plugin_name (), argv[i]);
-        return -1;
-      }
-      key = magic;
-      value = argv[i];
-    }
-    if (backend_config (backend_top, key, value) == -1)
-      return -1;
-  }
-  if (backend_config_complete (backend_top) == -1)
-    return -1;
-  backend_model = backend_top->thread_model (backend_top);
-  if (backend_model < 0) {
-    fprintf (stderr, "blkd: thread_model failed\n");
-    return -1;
-  }
-  if (backend_top->get_ready (backend_top) == -1)
-    return -1;
-  public_config_done = true;
-
-  stack_inline_safe = true;
-  for (b = backend_top; b; b = b->next)
-    stack_inline_safe &= b->inline_safe;
-
   zero_buf = calloc (1, EMUL_BUF_SIZE);
   sink_buf = malloc (EMUL_BUF_SIZE);
   if (!zero_buf || !sink_buf) {
-    fprintf (stderr, "blkd: out of memory\n");
+    backend_buffers_free ();
+    errno = ENOMEM;
     return -1;
   }
   return 0;
 }
 
-int
-backend_stack_dump (const char *plugin, const char *const *filters, int nfilters)
-{
-  struct backend *b = plugin_layer_load (plugin);
-  int err = 0;
-  if (!b)
-    return -1;
-  backend_top = b;
-  for (int i = nfilters - 1; i >= 0; i--) {
-    if (!(b = filter_layer_load (backend_top, filters[i]))) {
-      err = -1;
-      break;
-    }
-    backend_top = b;
-  }
-  if (err == 0) {
-    backend_model = backend_top->thread_model (backend_top);
-    for (b = backend_top; b; b = b->next)
-      if (!b->next)
-        b->dump (b);              /* the plugin's fields, as nbdkit prints them */
-    /* Then the filters, outermost first (nbdkit lists only the plugin). */
-    for (b = backend_top; b && b->next; b = b->next)
-      b->dump (b);
-    fflush (stdout);
-  }
-  backend_stack_unload ();
-  return err;
-}
-
-int
-backend_stack_after_fork (void)
-{
-  return backend_top ? backend_top->after_fork (backend_top) : 0;
-}
-
 void
-backend_stack_unload (void)
+backend_buffers_free (void)
 {
-  if (backend_top && public_config_done)
-    backend_top->cleanup (backend_top);       /* outer to inner */
-  while (backend_top) {
-    struct backend *b = backend_top;
-    backend_top = b->next;
-    b->unload (b);                            /* frees b */
-  }
   free (zero_buf);
   free (sink_buf);
   zero_buf = sink_buf = NULL;
-  public_release_global ();
 }
 
 /* ---- calls on a layer ---------------------------------------------- */
@@ -385,37 +243,101 @@ backend_block_size (struct context *c, uint32_t *min, uint32_t *pref, uint32_t *
   return 0;
 }
 
-/* A cached answer, asked once.  Write-dependent ones are 0 on a
- * read-only context without asking, as nbdkit does. */
-#define CACHED_CAN(field, needs)                                        \
-  int                                                                   \
-  backend_##field (struct context *c)                                   \
-  {                                                                     \
-    if (c->field == -1) {                                               \
-      int r_ = needs;                                                   \
-      if (r_ != 1) {                                                    \
-        if (r_ == -1)                                                   \
-          return -1;                                                    \
-        c->field = 0;                                                   \
-      }                                                                 \
-      else                                                              \
-        c->field = c->b->field (c);                                     \
-    }                                                                   \
-    return c->field;                                                    \
-  }
+/* The can_* answers, asked of the layer once per context and cached, as
+ * nbdkit does.  Those that need writing are 0 on a read-only context
+ * without asking (`needs` is backend_can_write's answer); a failure (-1)
+ * is not cached, so the next call asks again. */
+static inline int
+ask_if (struct context *c, int needs, int (*ask) (struct context *))
+{
+  if (needs == 1)
+    return ask (c);
+  return needs == -1 ? -1 : 0;
+}
 
-CACHED_CAN (can_write, 1)
-CACHED_CAN (can_flush, 1)
-CACHED_CAN (is_rotational, 1)
-CACHED_CAN (can_trim, backend_can_write (c))
-CACHED_CAN (can_zero, backend_can_write (c))
-CACHED_CAN (can_fast_zero, backend_can_zero (c) >= NBDKIT_ZERO_EMULATE ? 1
-                           : backend_can_zero (c) < 0 ? -1 : 0)
-CACHED_CAN (can_extents, 1)
-CACHED_CAN (can_fua, backend_can_write (c))
-CACHED_CAN (can_multi_conn, 1)
-CACHED_CAN (can_cache, 1)
-#undef CACHED_CAN
+int
+backend_can_write (struct context *c)
+{
+  if (c->can_write == -1)
+    c->can_write = c->b->can_write (c);
+  return c->can_write;
+}
+
+int
+backend_can_flush (struct context *c)
+{
+  if (c->can_flush == -1)
+    c->can_flush = c->b->can_flush (c);
+  return c->can_flush;
+}
+
+int
+backend_is_rotational (struct context *c)
+{
+  if (c->is_rotational == -1)
+    c->is_rotational = c->b->is_rotational (c);
+  return c->is_rotational;
+}
+
+int
+backend_can_trim (struct context *c)
+{
+  if (c->can_trim == -1)
+    c->can_trim = ask_if (c, backend_can_write (c), c->b->can_trim);
+  return c->can_trim;
+}
+
+int
+backend_can_zero (struct context *c)
+{
+  if (c->can_zero == -1)
+    c->can_zero = ask_if (c, backend_can_write (c), c->b->can_zero);
+  return c->can_zero;
+}
+
+/* Fast zero needs zeroing at all (native or emulated). */
+int
+backend_can_fast_zero (struct context *c)
+{
+  if (c->can_fast_zero == -1) {
+    int zero = backend_can_zero (c);
+    int needs = zero < 0 ? -1 : zero >= NBDKIT_ZERO_EMULATE;
+    c->can_fast_zero = ask_if (c, needs, c->b->can_fast_zero);
+  }
+  return c->can_fast_zero;
+}
+
+int
+backend_can_extents (struct context *c)
+{
+  if (c->can_extents == -1)
+    c->can_extents = c->b->can_extents (c);
+  return c->can_extents;
+}
+
+int
+backend_can_fua (struct context *c)
+{
+  if (c->can_fua == -1)
+    c->can_fua = ask_if (c, backend_can_write (c), c->b->can_fua);
+  return c->can_fua;
+}
+
+int
+backend_can_multi_conn (struct context *c)
+{
+  if (c->can_multi_conn == -1)
+    c->can_multi_conn = c->b->can_multi_conn (c);
+  return c->can_multi_conn;
+}
+
+int
+backend_can_cache (struct context *c)
+{
+  if (c->can_cache == -1)
+    c->can_cache = c->b->can_cache (c);
+  return c->can_cache;
+}
 
 /* ---- the request path ----------------------------------------------- */
 
@@ -559,6 +481,94 @@ backend_cache (struct context *c, uint32_t count, uint64_t offset, uint32_t flag
     return 0;
   }
   return checked (c->b->cache (c, count, offset, flags, err), err);
+}
+
+/* ---- zero copy (blkd's extension) ------------------------------------ */
+
+/* The pieces a layer lent or placed must cover the range exactly: any
+ * other answer would desynchronise the stream. */
+static bool
+lend_covers (const struct blkd_lend *l, uint32_t count)
+{
+  uint64_t sum = 0;
+  if (l->n == 0 || l->n > l->max)
+    return false;
+  for (unsigned i = 0; i < l->n; i++)
+    sum += l->iov[i].iov_len;
+  return sum == count;
+}
+
+int
+backend_pread_lend (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                    struct blkd_lend *lend, int *err)
+{
+  if (!c->b->pread_lend || !c->b->lend_release)
+    return refuse (err, ENOTSUP);
+  if (!valid_range (c, offset, count) || flags)
+    return refuse (err, EINVAL);
+  lend->n = 0;
+  if (checked (c->b->pread_lend (c, count, offset, flags, lend, err), err) == -1)
+    return -1;
+  if (!lend_covers (lend, count)) {
+    nbdkit_error ("%s %s lent %u pieces that do not cover %u bytes", c->b->type,
+                  c->b->name, lend->n, count);
+    backend_lend_release (c->b, lend->token, lend->n < lend->max ? lend->n : lend->max,
+                          count);
+    lend->n = 0;
+    return refuse (err, EIO);
+  }
+  return 0;
+}
+
+void
+backend_lend_release (struct backend *b, void *const *token, unsigned n, uint32_t bytes)
+{
+  b->lend_release (b, token, n, bytes);
+}
+
+int
+backend_pread_fd (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                  int *fd, uint64_t *file_offset, int *err)
+{
+  if (!c->b->pread_fd)
+    return refuse (err, ENOTSUP);
+  if (!valid_range (c, offset, count) || flags)
+    return refuse (err, EINVAL);
+  return checked (c->b->pread_fd (c, count, offset, flags, fd, file_offset, err), err);
+}
+
+int
+backend_pwrite_place (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                      struct blkd_lend *dst, int *err)
+{
+  if (!c->b->pwrite_place || !c->b->pwrite_commit)
+    return refuse (err, ENOTSUP);
+  if (backend_can_write (c) != 1)
+    return refuse (err, EROFS);
+  if (!valid_range (c, offset, count) || (flags & ~NBDKIT_FLAG_FUA) || !fua_ok (c, flags))
+    return refuse (err, EINVAL);
+  dst->n = 0;
+  if (checked (c->b->pwrite_place (c, count, offset, flags, dst, err), err) == -1)
+    return -1;
+  if (!lend_covers (dst, count)) {
+    nbdkit_error ("%s %s placed %u pieces that do not cover %u bytes; copying",
+                  c->b->type, c->b->name, dst->n, count);
+    int ignored;
+    if (dst->n > dst->max)
+      dst->n = dst->max;
+    backend_pwrite_commit (c, count, offset, 0, dst, false, &ignored);
+    dst->n = 0;
+    return refuse (err, ENOTSUP);
+  }
+  return 0;
+}
+
+/* ok=false discards the payload: the disk keeps its old bytes. */
+int
+backend_pwrite_commit (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                       struct blkd_lend *dst, bool ok, int *err)
+{
+  return checked (c->b->pwrite_commit (c, count, offset, ok ? flags : 0, dst, ok, err), err);
 }
 
 /* ---- the connection's view of the stack ----------------------------- */
@@ -719,40 +729,4 @@ backend_conn_export_description (struct backend_conn *bc)
   const char *d = backend_export_description (bc->top);
   backend_unlock_request (bc);
   return d;
-}
-
-/* ---- contexts for filters (public.c's nbdkit_next_context_* etc.) ---- */
-
-/* A context of the layer below the one being opened or running.  Not
- * prepared: the filter calls next->prepare, as with nbdkit. */
-struct context *
-backend_next_context_open (struct backend *b, int readonly, const char *exportname,
-                           int shared)
-{
-  struct context *cur = backend_current_ctx;
-  if (!b) {
-    nbdkit_error ("nbdkit_next_context_open: no backend");
-    return NULL;
-  }
-  if (cur && b != cur->b->next) {
-    nbdkit_error ("nbdkit_next_context_open: not the layer below the caller");
-    return NULL;
-  }
-  return backend_open (b, readonly, exportname, shared || !cur || !cur->conn);
-}
-
-struct backend *
-backend_context_below (struct context *c)
-{
-  return c ? c->b->next : NULL;
-}
-
-struct context *
-backend_context_swap_next (struct context *c, struct context *next)
-{
-  if (!c || (next && next->b != c->b->next))
-    return NULL;
-  struct context *old = c->c_next;
-  c->c_next = next;
-  return old;
 }

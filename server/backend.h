@@ -30,6 +30,7 @@
 #define CTX_FAILED     4u           /* .finalize failed: nothing more on it */
 
 struct backend;
+struct blkd_lend;
 
 struct context {
   struct nbdkit_next_ops next;      /* must be first: filters call through it */
@@ -102,23 +103,48 @@ struct backend {
                   struct nbdkit_extents *extents, int *err);
   int (*cache) (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
                 int *err);
-  /* blkd's zero-copy extension (blkd-plugin.h) is not a layer operation:
-   * only a plugin that is the whole stack lends (plugin.c, lend_direct). */
+
+  /* blkd's zero-copy extension (include/blkd-plugin.h) as layer
+   * operations, with the request calls' convention.  A layer either
+   * passes one through to the layer below or leaves it NULL, and the
+   * stack then answers ENOTSUP: the request takes the copy path through
+   * pread/pwrite.  nbdkit filters leave them NULL (their ABI has no such
+   * call to pass through), and so does the cache (it must see the data
+   * it keeps).  lend_release gets the tokens of one pread_lend back, on
+   * any thread, without the thread model's lock and maybe after the
+   * context closed: so it is called on the layer, not the context. */
+  int (*pread_lend) (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                     struct blkd_lend *lend, int *err);
+  void (*lend_release) (struct backend *b, void *const *token, unsigned n, uint32_t bytes);
+  int (*pread_fd) (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                   int *fd, uint64_t *file_offset, int *err);
+  int (*pwrite_place) (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                       struct blkd_lend *dst, int *err);
+  int (*pwrite_commit) (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                        struct blkd_lend *dst, bool ok, int *err);
 };
 
-/* ---- building the stack (backend.c, main thread) -------------------- */
+/* ---- the stack (built by stack.c, main thread) ---------------------- */
 
-/* The outermost layer; NULL before backend_stack_load. */
+/* The outermost layer; NULL before backend_stack_load (stack.c, declared
+ * in internal.h: main.c calls it), which also sets backend_model
+ * (internal.h) and backend_stack_inline (every layer inline-safe). */
 extern struct backend *backend_top;
+extern bool backend_stack_inline;
+/* The buffers zero and cache emulation use (backend.c): -1 with errno. */
+int backend_buffers_alloc (void);
+void backend_buffers_free (void);
 
-/* backend_stack_load etc. are in internal.h: main.c calls them. */
+/* Finding a layer's .so (layerpath.c): a name with a '/' or ending in .so
+ * is a path; otherwise nbdkit-NAME-KIND.so in tree_dir/NAME/ next to the
+ * running binary, then blkd_dir, then nbdkit_dir.  NULL if none is
+ * readable.  layer_valid_name: nbdkit's rule for plugin and filter names. */
+char *layer_find_so (const char *name, const char *kind, const char *tree_dir,
+                     const char *blkd_dir, const char *nbdkit_dir);
+bool layer_valid_name (const char *name);
 
-/* Helpers the layer files share. */
-char *backend_find_so (const char *name, const char *kind, const char *tree_dir,
-                       const char *blkd_dir, const char *nbdkit_dir);
-bool backend_valid_name (const char *name);
-
-/* The layer constructors: each returns the new layer on top of `next`. */
+/* The layer constructors (stack.c calls them): each returns the new layer
+ * on top of `next`. */
 struct backend *plugin_layer_load (const char *name);             /* plugin.c */
 struct backend *cache_layer_new (struct backend *next);           /* cache.c */
 struct backend *filter_layer_load (struct backend *next, const char *name); /* filter.c */
@@ -165,15 +191,27 @@ int backend_extents (struct context *c, uint32_t count, uint64_t offset, uint32_
 int backend_cache (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
                    int *err);
 
-/* For public.c's nbdkit_next_context_open/close, nbdkit_context_get_backend
- * and nbdkit_context_set_next. */
-struct context *backend_next_context_open (struct backend *b, int readonly,
-                                           const char *exportname, int shared);
-struct backend *backend_context_below (struct context *c);
-struct context *backend_context_swap_next (struct context *c, struct context *next);
+/* Zero copy (blkd's extension) on the stack: -1 and *err as above, with
+ * *err ENOTSUP (or E2BIG) when no layer can do it this time: copy
+ * instead.  The stack checks what comes back: lent or placed pieces that
+ * do not cover the range exactly are given back, and the call fails
+ * (EIO for a lend, ENOTSUP for a place, so the write is copied).
+ * pwrite_place and pwrite_commit run under the thread model's lock
+ * (backend_lock_request) like every request call; lend_release does not,
+ * and starts at the layer the lend was asked of (backend_top). */
+int backend_pread_lend (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                        struct blkd_lend *lend, int *err);
+void backend_lend_release (struct backend *b, void *const *token, unsigned n,
+                           uint32_t bytes);
+int backend_pread_fd (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                      int *fd, uint64_t *file_offset, int *err);
+int backend_pwrite_place (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                          struct blkd_lend *dst, int *err);
+int backend_pwrite_commit (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                           struct blkd_lend *dst, bool ok, int *err);
 
-/* The thread-local context that nbdkit_next_context_open checks against,
- * set around each layer's .open as nbdkit does. */
+/* The thread-local context that nbdkit_next_context_open (filter.c)
+ * checks against, set around each layer's .open as nbdkit does. */
 extern __thread struct context *backend_current_ctx;
 
 #endif

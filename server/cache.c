@@ -1617,6 +1617,15 @@ static const struct backend cache_ops = {
   .zero = cache_zero,
   .extents = cache_extents,
   .cache = cache_cache,
+  /* Lending from the cache's blocks would need a pin per lent block held
+   * until lend_release; until then the cache copies, and the stack
+   * answers ENOTSUP for these (the plugin below must not lend past the
+   * cache either: the cache must see what is read and written). */
+  .pread_lend = NULL,
+  .lend_release = NULL,
+  .pread_fd = NULL,
+  .pwrite_place = NULL,
+  .pwrite_commit = NULL,
 };
 
 struct backend *

@@ -12,7 +12,6 @@ struct blkd_config cfg = {
   .sparse_reads = SPARSE_READS_AUTO,
   .handshake_timeout = 10,
   .tls = TLS_OFF,
-  .tls_seal = TLS_SEAL_OPENSSL,     /* --tls-seal=blkd is the opt-in */
   .delayacct = DELAYACCT_COMPACT,
   .cache_block = 64 * 1024,
   .cache_mode = CACHE_WRITETHROUGH,

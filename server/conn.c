@@ -182,33 +182,43 @@ conn_sendv (struct conn *c, struct iovec *iov, int n, int flags)
   return sendmsg (c->fd, &msg, MSG_NOSIGNAL | flags);
 }
 
-/* A send that failed with errno: 1 when the socket is full (wait for
- * writability), 0 when TLS waits for the client's input (the read event
- * that brings it flushes again; reading must go on), 2 to try again
- * (EINTR), -1 to close. */
-static int
+/* What the send steps below tell their caller.  The first three are
+ * tls_flushed's -1/0/1 too, so its answer passes straight through. */
+enum send_result {
+  SEND_CLOSE = -1,                /* an error: close the connection */
+  SEND_IDLE = 0,                  /* nothing waits for the socket: all sent,
+                                   * or TLS waits for the client's input (the
+                                   * read event that brings it flushes again) */
+  SEND_FULL = 1,                  /* the socket is full: wait for writability */
+  SEND_AGAIN = 2,                 /* go on sending (EINTR, or more to send) */
+};
+
+/* A send that failed with errno: SEND_FULL, SEND_IDLE when TLS waits for
+ * the client's input (reading must go on), SEND_AGAIN after EINTR, or
+ * SEND_CLOSE. */
+static enum send_result
 send_failed (struct conn *c, const char *what)
 {
   if (errno == EAGAIN || errno == EWOULDBLOCK) {
     if (tls_send_waits_input (c))
-      return 0;
+      return SEND_IDLE;
     if (!c->stall_expired)
       c->read_block |= CONN_READ_SEND_FULL;
-    return 1;
+    return SEND_FULL;
   }
   if (errno == EINTR)
-    return 2;
+    return SEND_AGAIN;
   if (errno != EPIPE && errno != ECONNRESET)
     log_error ("%s: %m", what);
-  return -1;
+  return SEND_CLOSE;
 }
 
 /* What a sendfile reply sends once its file ended early. */
 static const uint8_t conn_zeros[64 * 1024];
 
 /* The head reply's file data (its header is out): the kernel sends it
- * from the page cache.  Returns as send_pending does, 2 to go on. */
-static int
+ * from the page cache.  SEND_AGAIN to go on, else as send_pending. */
+static enum send_result
 send_file_part (struct conn *c, struct request *r)
 {
   ssize_t sent;
@@ -236,7 +246,7 @@ send_file_part (struct conn *c, struct request *r)
                 "them (said once per connection)", r->send_len);
     c->sendfile_short_logged = true;
     r->send_fd = -1;
-    return 2;
+    return SEND_AGAIN;
   }
   if (cfg.idle_timeout)
     c->t_active = now_ns ();
@@ -249,7 +259,7 @@ send_file_part (struct conn *c, struct request *r)
       c->sendq_tail = NULL;
     request_free (c, r);
   }
-  return 2;
+  return SEND_AGAIN;
 }
 
 static inline ssize_t
@@ -261,8 +271,9 @@ conn_recv (struct conn *c, void *buf, size_t len)
 }
 
 /* Gather handshake bytes and as many queued replies as fit into one
- * sendmsg; repeat until the socket is full or nothing is left. */
-static int
+ * sendmsg; repeat until the socket is full or nothing is left:
+ * SEND_IDLE, SEND_FULL or SEND_CLOSE. */
+static enum send_result
 send_pending (struct conn *c)
 {
   for (;;) {
@@ -270,8 +281,8 @@ send_pending (struct conn *c)
     int n = 0, flags = 0;
     struct request *h = c->sendq_head;
     if (c->ooff == c->olen && h && h->iov_sent == h->niov && h->send_len) {
-      int r = send_file_part (c, h);
-      if (r != 2)
+      enum send_result r = send_file_part (c, h);
+      if (r != SEND_AGAIN)
         return r;
       continue;
     }
@@ -291,22 +302,22 @@ send_pending (struct conn *c)
       }
     }
     if (n == 0) {
-      int r = c->tls ? tls_flushed (c) : 0;
-      if (r == 1 && tls_unsent (c) && !c->stall_expired)
+      enum send_result r = c->tls ? tls_flushed (c) : SEND_IDLE;
+      if (r == SEND_FULL && tls_unsent (c) && !c->stall_expired)
         c->read_block |= CONN_READ_SEND_FULL;   /* sealed records wait for the socket */
       return r;
     }
 
     ssize_t sent = conn_sendv (c, iov, n, flags);
     if (sent < 0) {
-      int r = send_failed (c, "send");
-      if (r == 2)
+      enum send_result r = send_failed (c, "send");
+      if (r == SEND_AGAIN)
         continue;
-      if (r == 0) {
+      if (r == SEND_IDLE) {
         /* TLS waits for the client's input: records sealed before that
          * still go out (the client may wait for them to send the rest). */
         r = tls_flushed (c);
-        if (r == 1 && !c->stall_expired)
+        if (r == SEND_FULL && !c->stall_expired)
           c->read_block |= CONN_READ_SEND_FULL;
       }
       return r;
@@ -363,12 +374,12 @@ void
 conn_flush (struct conn *c)
 {
   if (c->fd >= 0) {
-    int r = send_pending (c);
-    if (r == -1) {
+    enum send_result r = send_pending (c);
+    if (r == SEND_CLOSE) {
       conn_close_now (c);
       return;
     }
-    if (r == 1)
+    if (r == SEND_FULL)
       event_add (c->ev_write, NULL);
     else {
       event_del (c->ev_write);
@@ -380,7 +391,7 @@ conn_flush (struct conn *c)
      * (requests in flight at the limit, a pool wait, closing): nothing
      * would read the rest of the message.  Flush once the socket is
      * readable; SSL_write reads it itself. */
-    bool watch = r == 0 && c->tls && tls_send_waits_input (c)
+    bool watch = r == SEND_IDLE && c->tls && tls_send_waits_input (c)
                  && (c->read_block & CONN_READ_PAUSED);
     if (watch != c->input_watch) {
       if (watch)
@@ -459,7 +470,7 @@ conn_on_complete (struct request *r)
    * under the parser. */
   if (c->sendq_bytes >= SEND_EAGER && c->phase == CONN_TRANSMISSION
       && !(c->read_block & (CONN_READ_SEND_FULL | CONN_READ_CLOSING | CONN_READ_STARTTLS))
-      && send_pending (c) == -1)
+      && send_pending (c) == SEND_CLOSE)
     c->read_block |= CONN_READ_CLOSING;  /* stop parsing; conn_flush closes */
   shard_mark_flush (c->shard, c);
 }
@@ -493,9 +504,16 @@ pause_reading (struct conn *c)
   }
 }
 
+/* What read_some returns when it read nothing (0 is EOF, more is bytes). */
+enum read_result {
+  READ_ERROR = -1,                /* errno says why: close */
+  READ_EMPTY = -2,                /* the socket has nothing now */
+  READ_RBUF_FULL = -3,            /* rbuf is full: parse what it holds first */
+};
+
 /* Read once into the right place: straight into a big write payload's
- * buffer, else into rbuf.  Returns bytes read, 0 at EOF, -1 on error,
- * -2 when the socket has nothing. */
+ * buffer, else into rbuf.  Returns bytes read, 0 at EOF, or an enum
+ * read_result. */
 static ssize_t
 read_some (struct conn *c)
 {
@@ -553,7 +571,7 @@ read_some (struct conn *c)
       c->roff = 0;
     }
     if (c->rlen == c->rcap)
-      return -3;                    /* full: the parser is waiting on us */
+      return READ_RBUF_FULL;        /* the parser is waiting on us */
     want = c->rcap - c->rlen;
     n = conn_recv (c, c->rbuf + c->rlen, want);
     if (n > 0)
@@ -564,7 +582,7 @@ read_some (struct conn *c)
   c->read_drained = n >= 0 && (size_t) n < want
                     && (!c->tls || !tls_pending (c));  /* TLS: a record at a time */
   if (n < 0)
-    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? -2 : -1;
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? READ_EMPTY : READ_ERROR;
   return n;
 }
 
@@ -622,14 +640,14 @@ conn_pump (struct conn *c, bool do_read)
         conn_close_now (c);
         return;
       }
-      if (n == -1) {
+      if (n == READ_ERROR) {
         if (errno != ECONNRESET && errno != EPROTO)   /* EPROTO: tls.c logged it */
           log_error ("read: %m");
         conn_close_now (c);
         return;
       }
-      if (n == -2 || n == -3) {
-        blocked = n == -2;
+      if (n == READ_EMPTY || n == READ_RBUF_FULL) {
+        blocked = n == READ_EMPTY;
         if (c->rlen == c->roff && !c->recv_req)
           break;
         i = READS_PER_EVENT;        /* parse what is buffered, then stop */

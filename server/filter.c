@@ -191,15 +191,60 @@ filter_default_export (struct backend *b, int readonly, int is_tls)
     r_;                                                                 \
   })
 
+/* ---- contexts, for filters (nbdkit's API: nbdkit-filter.h) ---------- */
+
+/* A context of the layer below the one being opened or running.  Not
+ * prepared: the filter calls next->prepare, as with nbdkit.  Tied to the
+ * calling context's connection unless shared (a background or
+ * cross-connection context, as nbdkit's). */
+PUBLIC_API nbdkit_next *
+nbdkit_next_context_open (nbdkit_backend *b, int readonly, const char *exportname,
+                          int shared)
+{
+  struct context *cur = backend_current_ctx;
+  if (!b) {
+    nbdkit_error ("nbdkit_next_context_open: no backend");
+    return NULL;
+  }
+  if (cur && b != cur->b->next) {
+    nbdkit_error ("nbdkit_next_context_open: not the layer below the caller");
+    return NULL;
+  }
+  return backend_open (b, readonly, exportname, shared || !cur || !cur->conn);
+}
+
+PUBLIC_API void
+nbdkit_next_context_close (nbdkit_next *next)
+{
+  if (next)
+    backend_close (next);
+}
+
+PUBLIC_API nbdkit_backend *
+nbdkit_context_get_backend (nbdkit_context *c)
+{
+  return c ? c->b->next : NULL;
+}
+
+PUBLIC_API nbdkit_next *
+nbdkit_context_set_next (nbdkit_context *c, nbdkit_next *next)
+{
+  if (!c || (next && next->b != c->b->next))
+    return NULL;
+  struct context *old = c->c_next;
+  c->c_next = next;
+  return old;
+}
+
 /* What a filter's .open calls as `next`: open the layer below, tied to
  * this context's connection, and make it this context's next. */
 static int
 next_open (struct context *c, int readonly, const char *exportname)
 {
-  struct context *n = backend_next_context_open (c->b->next, readonly, exportname, 0);
+  struct context *n = nbdkit_next_context_open (c->b->next, readonly, exportname, 0);
   if (!n)
     return -1;
-  backend_context_swap_next (c, n);
+  nbdkit_context_set_next (c, n);
   return 0;
 }
 
@@ -234,46 +279,192 @@ filter_finalize (struct context *c)
   return 0;
 }
 
-/* Every other callback: the filter's if it has one, else the same call on
- * the layer below.  The arguments after `params` are those that follow
- * (next, handle). */
-#define PASS(ret, op, params, ...)                                      \
-  static ret                                                            \
-  filter_##op params                                                    \
-  {                                                                     \
-    const struct nbdkit_filter *f_ = F (c->b);                          \
-    if (f_->op)                                                         \
-      return AS_CALLER (c, f_->op (c->c_next, c->handle, ##__VA_ARGS__)); \
-    return backend_##op (c->c_next, ##__VA_ARGS__);                     \
-  }
-PASS (const char *, export_description, (struct context *c))
-PASS (int64_t, get_size, (struct context *c))
-PASS (int, block_size, (struct context *c, uint32_t *min, uint32_t *pref, uint32_t *max),
-      min, pref, max)
-PASS (int, can_write, (struct context *c))
-PASS (int, can_flush, (struct context *c))
-PASS (int, is_rotational, (struct context *c))
-PASS (int, can_trim, (struct context *c))
-PASS (int, can_zero, (struct context *c))
-PASS (int, can_fast_zero, (struct context *c))
-PASS (int, can_extents, (struct context *c))
-PASS (int, can_fua, (struct context *c))
-PASS (int, can_multi_conn, (struct context *c))
-PASS (int, can_cache, (struct context *c))
-PASS (int, pread, (struct context *c, void *buf, uint32_t count, uint64_t offset,
-                   uint32_t flags, int *err), buf, count, offset, flags, err)
-PASS (int, pwrite, (struct context *c, const void *buf, uint32_t count, uint64_t offset,
-                    uint32_t flags, int *err), buf, count, offset, flags, err)
-PASS (int, flush, (struct context *c, uint32_t flags, int *err), flags, err)
-PASS (int, trim, (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
-                  int *err), count, offset, flags, err)
-PASS (int, zero, (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
-                  int *err), count, offset, flags, err)
-PASS (int, extents, (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
-                     struct nbdkit_extents *e, int *err), count, offset, flags, e, err)
-PASS (int, cache, (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
-                   int *err), count, offset, flags, err)
-#undef PASS
+/* Every other callback: the filter's if it has one (called as the
+ * filter's context, with the layer below as `next`), else the same call
+ * straight on the layer below. */
+
+static const char *
+filter_export_description (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->export_description)
+    return AS_CALLER (c, f->export_description (c->c_next, c->handle));
+  return backend_export_description (c->c_next);
+}
+
+static int64_t
+filter_get_size (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->get_size)
+    return AS_CALLER (c, f->get_size (c->c_next, c->handle));
+  return backend_get_size (c->c_next);
+}
+
+static int
+filter_block_size (struct context *c, uint32_t *min, uint32_t *pref, uint32_t *max)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->block_size)
+    return AS_CALLER (c, f->block_size (c->c_next, c->handle, min, pref, max));
+  return backend_block_size (c->c_next, min, pref, max);
+}
+
+static int
+filter_can_write (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_write)
+    return AS_CALLER (c, f->can_write (c->c_next, c->handle));
+  return backend_can_write (c->c_next);
+}
+
+static int
+filter_can_flush (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_flush)
+    return AS_CALLER (c, f->can_flush (c->c_next, c->handle));
+  return backend_can_flush (c->c_next);
+}
+
+static int
+filter_is_rotational (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->is_rotational)
+    return AS_CALLER (c, f->is_rotational (c->c_next, c->handle));
+  return backend_is_rotational (c->c_next);
+}
+
+static int
+filter_can_trim (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_trim)
+    return AS_CALLER (c, f->can_trim (c->c_next, c->handle));
+  return backend_can_trim (c->c_next);
+}
+
+static int
+filter_can_zero (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_zero)
+    return AS_CALLER (c, f->can_zero (c->c_next, c->handle));
+  return backend_can_zero (c->c_next);
+}
+
+static int
+filter_can_fast_zero (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_fast_zero)
+    return AS_CALLER (c, f->can_fast_zero (c->c_next, c->handle));
+  return backend_can_fast_zero (c->c_next);
+}
+
+static int
+filter_can_extents (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_extents)
+    return AS_CALLER (c, f->can_extents (c->c_next, c->handle));
+  return backend_can_extents (c->c_next);
+}
+
+static int
+filter_can_fua (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_fua)
+    return AS_CALLER (c, f->can_fua (c->c_next, c->handle));
+  return backend_can_fua (c->c_next);
+}
+
+static int
+filter_can_multi_conn (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_multi_conn)
+    return AS_CALLER (c, f->can_multi_conn (c->c_next, c->handle));
+  return backend_can_multi_conn (c->c_next);
+}
+
+static int
+filter_can_cache (struct context *c)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->can_cache)
+    return AS_CALLER (c, f->can_cache (c->c_next, c->handle));
+  return backend_can_cache (c->c_next);
+}
+
+static int
+filter_pread (struct context *c, void *buf, uint32_t count, uint64_t offset, uint32_t flags,
+              int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->pread)
+    return AS_CALLER (c, f->pread (c->c_next, c->handle, buf, count, offset, flags, err));
+  return backend_pread (c->c_next, buf, count, offset, flags, err);
+}
+
+static int
+filter_pwrite (struct context *c, const void *buf, uint32_t count, uint64_t offset,
+               uint32_t flags, int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->pwrite)
+    return AS_CALLER (c, f->pwrite (c->c_next, c->handle, buf, count, offset, flags, err));
+  return backend_pwrite (c->c_next, buf, count, offset, flags, err);
+}
+
+static int
+filter_flush (struct context *c, uint32_t flags, int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->flush)
+    return AS_CALLER (c, f->flush (c->c_next, c->handle, flags, err));
+  return backend_flush (c->c_next, flags, err);
+}
+
+static int
+filter_trim (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->trim)
+    return AS_CALLER (c, f->trim (c->c_next, c->handle, count, offset, flags, err));
+  return backend_trim (c->c_next, count, offset, flags, err);
+}
+
+static int
+filter_zero (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->zero)
+    return AS_CALLER (c, f->zero (c->c_next, c->handle, count, offset, flags, err));
+  return backend_zero (c->c_next, count, offset, flags, err);
+}
+
+static int
+filter_extents (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                struct nbdkit_extents *e, int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->extents)
+    return AS_CALLER (c, f->extents (c->c_next, c->handle, count, offset, flags, e, err));
+  return backend_extents (c->c_next, count, offset, flags, e, err);
+}
+
+static int
+filter_cache (struct context *c, uint32_t count, uint64_t offset, uint32_t flags, int *err)
+{
+  const struct nbdkit_filter *f = F (c->b);
+  if (f->cache)
+    return AS_CALLER (c, f->cache (c->c_next, c->handle, count, offset, flags, err));
+  return backend_cache (c->c_next, count, offset, flags, err);
+}
 
 static const struct backend filter_ops = {
   .type = "filter",
@@ -313,6 +504,14 @@ static const struct backend filter_ops = {
   .zero = filter_zero,
   .extents = filter_extents,
   .cache = filter_cache,
+  /* Zero copy cannot pass through an nbdkit filter: its ABI has no lend
+   * or place call, so the filter would never see the data.  NULL: the
+   * stack answers ENOTSUP and the request is copied through pread. */
+  .pread_lend = NULL,
+  .lend_release = NULL,
+  .pread_fd = NULL,
+  .pwrite_place = NULL,
+  .pwrite_commit = NULL,
 };
 
 /* ---- loading -------------------------------------------------------- */
@@ -329,7 +528,7 @@ filter_layer_load (struct backend *next, const char *name)
   struct backend *b = &fl->b;
   b->next = next;
   b->i = next->i + 1;
-  b->filename = backend_find_so (name, "filter", "filters", BLKD_FILTERDIR,
+  b->filename = layer_find_so (name, "filter", "filters", BLKD_FILTERDIR,
                                  NBDKIT_FILTERDIR);
   if (!b->filename) {
     fprintf (stderr, "blkd: filter '%s' not found (looked in the tree, %s and %s)\n",
@@ -369,7 +568,7 @@ filter_layer_load (struct backend *next, const char *name)
     goto fail;
   }
   fl->f = *theirs;
-  if (!backend_valid_name (fl->f.name)) {
+  if (!layer_valid_name (fl->f.name)) {
     fprintf (stderr, "blkd: %s: filter name is missing or invalid\n", b->filename);
     goto fail;
   }

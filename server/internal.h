@@ -57,7 +57,6 @@ enum iobuf_mode { IOBUF_POOL, IOBUF_CALLOC };
 enum queue_mode { QUEUE_SPLIT, QUEUE_GLOBAL };
 enum dispatch_mode { DISPATCH_AUTO, DISPATCH_INLINE, DISPATCH_WORKER };
 enum tls_mode { TLS_OFF, TLS_ON, TLS_REQUIRE };
-enum tls_seal { TLS_SEAL_BLKD, TLS_SEAL_OPENSSL };
 enum delayacct_mode { DELAYACCT_COMPACT, DELAYACCT_LOCKED, DELAYACCT_OFF };
 enum cache_mode { CACHE_WRITETHROUGH, CACHE_WRITEBACK };
 /* --sparse-reads; NO and YES are what nbdkit_parse_bool returns. */
@@ -75,6 +74,9 @@ struct blkd_config {
   bool foreground;                /* -f */
   bool readonly;                  /* -r */
   bool socket_activated;          /* LISTEN_FDS was set for us */
+  bool quiet;                     /* no start-up lines on stderr: run by another
+                                     program (--run, -s, socket activation,
+                                     -U -) and no -v; nbdkit says nothing then */
   bool single;                    /* -s: one client on stdin/stdout, no listener */
   bool vsock;                     /* --vsock: listen on AF_VSOCK, -p is the port */
   int ip_family;                  /* -4/-6: AF_INET, AF_INET6; 0: both */
@@ -105,7 +107,6 @@ struct blkd_config {
   const char *tls_certificates;   /* dir with ca-cert.pem, server-cert.pem, server-key.pem */
   const char *tls_psk;            /* psktool file: username:hexkey */
   bool tls_verify_peer;
-  enum tls_seal tls_seal;         /* who seals TLS 1.3 records we send */
   const char *tls_suites;         /* --tls-suites: TLS 1.3 order (NULL: ours) */
 
   /* Observability (metrics.c, delayacct.c). */
@@ -149,7 +150,7 @@ struct backend_conn {
   struct public_conn_ctx ctx;
 };
 
-/* Start-up and shutdown (main thread); -1 after printing why. */
+/* Start-up and shutdown (stack.c, main thread); -1 after printing why. */
 int backend_stack_load (const char *plugin, const char *const *filters, int nfilters,
                         int argc, char **argv);
 int backend_stack_dump (const char *plugin, const char *const *filters, int nfilters);
@@ -157,7 +158,6 @@ int backend_stack_after_fork (void);
 void backend_stack_unload (void);
 int plugin_help (const char *name);   /* PLUGIN --help: nbdkit's plugin usage */
 const char *plugin_name (void);
-char *plugin_exe_dir (void);      /* malloc'd; NULL if /proc/self/exe fails */
 int backend_thread_model (void);  /* the strictest of all layers */
 bool backend_inline_safe (void);  /* every layer fast enough for the shard thread */
 
@@ -177,14 +177,22 @@ const char *backend_conn_export_description (struct backend_conn *bc);
  * workers, so it takes the all-requests lock too (nbdkit: "all requests
  * happen from one thread").  PARALLEL needs nothing: the common case is
  * two compares. */
+/* nbdkit's NBDKIT_THREAD_MODEL_* values, named for the files that do not
+ * include nbdkit's headers (backend.c checks that they agree). */
+enum backend_thread_model {
+  BACKEND_SERIALIZE_CONNECTIONS = 0,
+  BACKEND_SERIALIZE_ALL_REQUESTS = 1,
+  BACKEND_SERIALIZE_REQUESTS = 2,
+  BACKEND_PARALLEL = 3,
+};
 extern int backend_model;
 extern pthread_mutex_t backend_all_requests_lock;
 static inline void
 backend_lock_request (struct backend_conn *bc)
 {
-  if (__builtin_expect (backend_model <= 1 /* SERIALIZE_{CONNECTIONS,ALL_REQUESTS} */, 0))
+  if (__builtin_expect (backend_model <= BACKEND_SERIALIZE_ALL_REQUESTS, 0))
     pthread_mutex_lock (&backend_all_requests_lock);
-  else if (__builtin_expect (backend_model == 2 /* SERIALIZE_REQUESTS */, 0))
+  else if (__builtin_expect (backend_model == BACKEND_SERIALIZE_REQUESTS, 0))
     pthread_mutex_lock (&bc->request_lock);
   public_current = &bc->ctx;
   public_last_error = 0;          /* only this request's nbdkit_set_error counts */
@@ -194,29 +202,15 @@ static inline void
 backend_unlock_request (struct backend_conn *bc)
 {
   public_current = NULL;
-  if (__builtin_expect (backend_model <= 1, 0))
+  if (__builtin_expect (backend_model <= BACKEND_SERIALIZE_ALL_REQUESTS, 0))
     pthread_mutex_unlock (&backend_all_requests_lock);
-  else if (__builtin_expect (backend_model == 2, 0))
+  else if (__builtin_expect (backend_model == BACKEND_SERIALIZE_REQUESTS, 0))
     pthread_mutex_unlock (&bc->request_lock);
 }
 
-/* blkd's extension (include/blkd-plugin.h), plugin.c: ENOTSUP when the
- * plugin has no such call or any layer sits between the protocol and the
- * plugin (a filter or the cache must see the data); the caller then goes
- * through the stack with a pool buffer.  pread_lend, pread_fd and
- * pwrite_commit run inside the request's backend_lock_request;
- * pwrite_place takes it itself (it runs while the request is parsed). */
-struct blkd_lend;
-bool plugin_can_lend (void);
-int plugin_pread_lend (struct backend_conn *bc, uint32_t count, uint64_t offset,
-                       struct blkd_lend *l);
-void plugin_lend_release (void *const *token, unsigned n, uint32_t bytes);
-int plugin_pread_fd (struct backend_conn *bc, uint32_t count, uint64_t offset, int *fd,
-                     uint64_t *file_offset);
-int plugin_pwrite_place (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
-                         struct blkd_lend *dst);
-int plugin_pwrite_commit (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
-                          struct blkd_lend *dst, bool ok);
+/* What the plugin lent or placed through blkd's zero-copy extension
+ * (include/blkd-plugin.h), which the stack reaches as layer operations
+ * (backend.h: backend_pread_lend etc.); read by /metrics. */
 struct plugin_lend_stats {
   uint64_t lent_bytes;            /* lent to replies not yet sent */
   uint64_t lent_replies, sendfile_replies, placed_writes;   /* totals */

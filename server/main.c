@@ -169,8 +169,7 @@ usage (FILE *f)
 "      --tls-certificates DIR  ca-cert.pem, server-cert.pem, server-key.pem\n"
 "      --tls-verify-peer  client certificates must chain to the CA\n"
 "      --tls-psk FILE     pre-shared keys, psktool's username:hexkey format\n"
-"      --tls-seal WHO     openssl (default: SSL_write seals) or blkd (opt-in:\n"
-"                         blkd seals TLS 1.3 records itself, less CPU)\n"
+"      --tls-seal WHO     ignored (older command lines): OpenSSL seals every record\n"
 "      --tls-suites LIST  TLS 1.3 suites in order of preference (OpenSSL's\n"
 "                         names joined by ':'; default AES-128-GCM first)\n"
 "\n"
@@ -573,8 +572,13 @@ main (int argc, char **argv)
     case OPT_TLS_VERIFY_PEER: cfg.tls_verify_peer = true; break;
     case OPT_TLS_PSK: cfg.tls_psk = optarg; break;
     case OPT_TLS_SEAL:
-      cfg.tls_seal = parse_choice ("--tls-seal", optarg,
-                                   (const char *const[]) { "blkd", "openssl", NULL });
+      /* OpenSSL seals every record; blkd's own TLS 1.3 sealer is gone.
+       * An older command line still starts (the client sees the same
+       * records either way): "openssl" quietly, "blkd" with a warning. */
+      if (parse_choice ("--tls-seal", optarg,
+                        (const char *const[]) { "openssl", "blkd", NULL }) == 1)
+        fprintf (stderr, "blkd: warning: --tls-seal=blkd is no longer available: "
+                 "OpenSSL seals every record (docs/TLS.md)\n");
       break;
     case OPT_TLS_SUITES: cfg.tls_suites = optarg; break;
     case OPT_METRICS: cfg.metrics_addr = optarg; break;
@@ -686,6 +690,15 @@ main (int argc, char **argv)
     return EXIT_FAILURE;
   }
   debug_flags_warn_unused ();
+  /* Quiet like nbdkit: started by another program (--run's command, a
+   * client over -s, socket activation, which is how `nbdinfo -- [ blkd
+   * ... ]` runs us, a private -U - socket), a start-up line on stderr
+   * only lands in that program's output.  Warnings and errors still
+   * print; -v brings the start-up lines back. */
+  const char *listen_pid = getenv ("LISTEN_PID");
+  cfg.quiet = !log_verbose
+    && (cfg.run_cmd || cfg.single || (cfg.unix_path && strcmp (cfg.unix_path, "-") == 0)
+        || (listen_pid && getenv ("LISTEN_FDS") && atol (listen_pid) == getpid ()));
   /* TLS files are checked before we bind or fork: a bad key is a loud
    * start-up error, not a handshake failure on every connection. */
   if (cfg.tls != TLS_OFF && tls_setup () == -1) {
@@ -772,8 +785,9 @@ main (int argc, char **argv)
     exit_code = EXIT_FAILURE;
     goto out_events;
   }
-  if (!cfg.run_cmd && !cfg.single)
-    log_info ("serving %s on %s (%d shards)", plugin_name (), listen_uri (), cfg.shards);
+  if (!cfg.quiet)
+    log_info ("serving %s on %s (%d shards)", plugin_name (),
+              cfg.single ? "stdin/stdout" : listen_uri (), cfg.shards);
   if (daemon_ready_fd >= 0) {
     if (write (daemon_ready_fd, "", 1) != 1)
       log_warn ("could not tell the parent we are ready: %m");

@@ -464,7 +464,9 @@ metrics_start (void)
     fprintf (stderr, "blkd: --metrics: cannot listen on %s port %u: %m\n", host, port);
     goto fail;
   }
-  if (cfg.foreground && !cfg.run_cmd) {
+  /* Quiet (cfg.quiet) drops the line, unless the kernel chose the port:
+   * then it is the only way to learn it. */
+  if (cfg.foreground && !cfg.run_cmd && (!cfg.quiet || port == 0)) {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     char h[NI_MAXHOST], p[NI_MAXSERV];

@@ -44,26 +44,10 @@ static const char *const inline_plugins[] = {
 
 const char *plugin_name (void) { return p.name; }
 
-/* Directory of the running executable, so an uninstalled ./blkd finds the
- * in-tree plugins and filters next to it. */
-char *
-plugin_exe_dir (void)
-{
-  char buf[PATH_MAX];
-  ssize_t n = readlink ("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0)
-    return NULL;
-  buf[n] = '\0';
-  char *slash = strrchr (buf, '/');
-  if (slash)
-    *slash = '\0';
-  return strdup (buf);
-}
-
 static int
 plugin_open_dl (const char *name)
 {
-  layer.filename = backend_find_so (name, "plugin", "plugins", BLKD_PLUGINDIR,
+  layer.filename = layer_find_so (name, "plugin", "plugins", BLKD_PLUGINDIR,
                                     NBDKIT_PLUGINDIR);
   if (!layer.filename) {
     fprintf (stderr, "blkd: plugin '%s' not found (looked in the tree, %s and %s)\n",
@@ -97,7 +81,7 @@ plugin_open_dl (const char *name)
   memset (&p, 0, sizeof p);
   size_t n = theirs->_struct_size < sizeof p ? theirs->_struct_size : sizeof p;
   memcpy (&p, theirs, n);
-  if (!backend_valid_name (p.name)) {
+  if (!layer_valid_name (p.name)) {
     fprintf (stderr, "blkd: %s: plugin name is missing or invalid\n", path);
     return -1;
   }
@@ -229,10 +213,11 @@ plugin_dump (struct backend *b)
   static const char *const models[] = { "serialize_connections",
     "serialize_all_requests", "serialize_requests", "parallel" };
   int stack_model = backend_thread_model ();
-  printf ("max_thread_model=%s\n", p._thread_model >= 0 && p._thread_model <= 3
+  printf ("max_thread_model=%s\n", p._thread_model >= NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS
+          && p._thread_model <= NBDKIT_THREAD_MODEL_PARALLEL
           ? models[p._thread_model] : "unknown");
-  printf ("thread_model=%s\n", stack_model >= 0 && stack_model <= 3
-          ? models[stack_model] : "unknown");
+  printf ("thread_model=%s\n", stack_model >= NBDKIT_THREAD_MODEL_SERIALIZE_CONNECTIONS
+          && stack_model <= NBDKIT_THREAD_MODEL_PARALLEL ? models[stack_model] : "unknown");
   printf ("errno_is_preserved=%d\n", p.errno_is_preserved);
   if (p.magic_config_key)
     printf ("magic_config_key=%s\n", p.magic_config_key);
@@ -567,6 +552,95 @@ plugin_extents (struct context *c, uint32_t count, uint64_t offset, uint32_t fla
   return 0;
 }
 
+/* ---- zero copy (blkd's extension), as layer operations --------------- */
+
+/* An extension call the plugin's struct is long enough to hold. */
+#define EXT_HAS(field) \
+  (ext && ext->size >= offsetof (struct blkd_plugin_extension, field) + sizeof ext->field \
+   && ext->field)
+
+/* The plugin's failure as the stack's: ENOTSUP (or E2BIG) means copy. */
+static inline int
+ext_fail (int *err, int saved_errno)
+{
+  *err = callback_error (saved_errno);
+  if (*err == EOPNOTSUPP)
+    *err = ENOTSUP;
+  return -1;
+}
+
+static int
+plugin_pread_lend (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                   struct blkd_lend *l, int *err)
+{
+  if (!EXT_HAS (lend_pread) || !EXT_HAS (lend_release)) {
+    *err = ENOTSUP;
+    return -1;
+  }
+  public_last_error = 0;
+  if (ext->lend_pread (c->handle, count, offset, 0, l) == -1)
+    return ext_fail (err, errno);
+  atomic_fetch_add (&lend_stats.lent_bytes, count);
+  atomic_fetch_add (&lend_stats.lent_replies, 1);
+  return 0;
+}
+
+static void
+plugin_lend_release (struct backend *b, void *const *token, unsigned n, uint32_t bytes)
+{
+  ext->lend_release (token, n);
+  atomic_fetch_sub (&lend_stats.lent_bytes, bytes);
+}
+
+static int
+plugin_pread_fd (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                 int *fd, uint64_t *file_offset, int *err)
+{
+  if (!EXT_HAS (pread_fd)) {
+    *err = ENOTSUP;
+    return -1;
+  }
+  public_last_error = 0;
+  if (ext->pread_fd (c->handle, count, offset, 0, fd, file_offset) == -1)
+    return ext_fail (err, errno);
+  atomic_fetch_add (&lend_stats.sendfile_replies, 1);
+  return 0;
+}
+
+static int
+plugin_pwrite_place (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                     struct blkd_lend *dst, int *err)
+{
+  if (!EXT_HAS (pwrite_place) || !EXT_HAS (pwrite_commit)) {
+    *err = ENOTSUP;
+    return -1;
+  }
+  public_last_error = 0;
+  if (ext->pwrite_place (c->handle, count, offset,
+                         fua_native (c, flags) ? NBDKIT_FLAG_FUA : 0, dst) == -1)
+    return ext_fail (err, errno);
+  atomic_fetch_add (&lend_stats.placed_bytes, count);
+  return 0;
+}
+
+/* FUA as pwrite does it: natively, or a flush after the commit. */
+static int
+plugin_pwrite_commit (struct context *c, uint32_t count, uint64_t offset, uint32_t flags,
+                      struct blkd_lend *dst, bool ok, int *err)
+{
+  public_last_error = 0;
+  int r = ext->pwrite_commit (c->handle, count, offset,
+                              fua_native (c, flags) ? NBDKIT_FLAG_FUA : 0, dst, ok);
+  if (r == -1)
+    fail (err, errno);
+  else
+    r = finish_fua (c, 0, flags, err);
+  atomic_fetch_sub (&lend_stats.placed_bytes, count);
+  if (ok && r == 0)
+    atomic_fetch_add (&lend_stats.placed_writes, 1);
+  return r;
+}
+
 /* ---- the layer ------------------------------------------------------ */
 
 static struct backend layer = {
@@ -607,6 +681,11 @@ static struct backend layer = {
   .zero = plugin_zero,
   .extents = plugin_extents,
   .cache = plugin_cache,
+  .pread_lend = plugin_pread_lend,
+  .lend_release = plugin_lend_release,
+  .pread_fd = plugin_pread_fd,
+  .pwrite_place = plugin_pwrite_place,
+  .pwrite_commit = plugin_pwrite_commit,
 };
 
 struct backend *
@@ -657,111 +736,6 @@ plugin_help (const char *name)
   plugin_unload (&layer);
   public_release_global ();
   return 0;
-}
-
-/* ---- lending (blkd's extension) ------------------------------------ */
-
-/* An extension call the plugin's struct is long enough to hold. */
-#define EXT_HAS(field) \
-  (ext && ext->size >= offsetof (struct blkd_plugin_extension, field) + sizeof ext->field \
-   && ext->field)
-
-/* Lending hands the plugin's memory straight to the socket, so only a
- * plugin that is the whole stack may lend: a filter or the cache in
- * between must see (and maybe keep) the data, so the stack copies. */
-static bool
-lend_direct (void)
-{
-  return backend_top == &layer;
-}
-
-bool
-plugin_can_lend (void)
-{
-  return lend_direct () && EXT_HAS (lend_pread) && EXT_HAS (lend_release);
-}
-
-/* The request's lock is held (protocol_execute): no lock here. */
-int
-plugin_pread_lend (struct backend_conn *bc, uint32_t count, uint64_t offset,
-                   struct blkd_lend *l)
-{
-  if (!plugin_can_lend ())
-    return ENOTSUP;
-  l->n = 0;
-  public_last_error = 0;
-  int r = ext->lend_pread (bc->top->handle, count, offset, 0, l);
-  int err = r == -1 ? callback_error (errno) : 0;
-  if (err)
-    return err == EOPNOTSUPP ? ENOTSUP : err;
-  atomic_fetch_add (&lend_stats.lent_bytes, count);
-  atomic_fetch_add (&lend_stats.lent_replies, 1);
-  return 0;
-}
-
-void
-plugin_lend_release (void *const *token, unsigned n, uint32_t bytes)
-{
-  ext->lend_release (token, n);
-  atomic_fetch_sub (&lend_stats.lent_bytes, bytes);
-}
-
-/* The request's lock is held (protocol_execute). */
-int
-plugin_pread_fd (struct backend_conn *bc, uint32_t count, uint64_t offset, int *fd,
-                 uint64_t *file_offset)
-{
-  if (!lend_direct () || !EXT_HAS (pread_fd))
-    return ENOTSUP;
-  public_last_error = 0;
-  int r = ext->pread_fd (bc->top->handle, count, offset, 0, fd, file_offset);
-  int err = r == -1 ? callback_error (errno) : 0;
-  if (!err)
-    atomic_fetch_add (&lend_stats.sendfile_replies, 1);
-  return err == EOPNOTSUPP ? ENOTSUP : err;
-}
-
-/* While the request is parsed, outside protocol_execute: takes the lock. */
-int
-plugin_pwrite_place (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
-                     struct blkd_lend *dst)
-{
-  if (!lend_direct () || !EXT_HAS (pwrite_place) || !EXT_HAS (pwrite_commit))
-    return ENOTSUP;
-  if (!bc->caps.can_write)
-    return EROFS;
-  dst->n = 0;
-  backend_lock_request (bc);
-  int r = ext->pwrite_place (bc->top->handle, count, offset,
-                             fua_native (bc->top, fua ? NBDKIT_FLAG_FUA : 0)
-                             ? NBDKIT_FLAG_FUA : 0, dst);
-  int err = r == -1 ? callback_error (errno) : 0;
-  backend_unlock_request (bc);
-  if (!err)
-    atomic_fetch_add (&lend_stats.placed_bytes, count);
-  return err == EOPNOTSUPP ? ENOTSUP : err;
-}
-
-/* The request's lock is held (protocol_execute, or protocol_release's
- * discard, which takes it). */
-int
-plugin_pwrite_commit (struct backend_conn *bc, uint32_t count, uint64_t offset, bool fua,
-                      struct blkd_lend *dst, bool ok)
-{
-  struct context *c = bc->top;
-  uint32_t flags = fua && ok ? NBDKIT_FLAG_FUA : 0;
-  int err = 0;
-  public_last_error = 0;
-  int r = ext->pwrite_commit (c->handle, count, offset,
-                              fua_native (c, flags) ? NBDKIT_FLAG_FUA : 0, dst, ok);
-  if (r == -1)
-    err = callback_error (errno);
-  else if (finish_fua (c, 0, flags, &err) == -1 && !err)
-    err = EIO;
-  atomic_fetch_sub (&lend_stats.placed_bytes, count);
-  if (ok && !err)
-    atomic_fetch_add (&lend_stats.placed_writes, 1);
-  return err;
 }
 
 void

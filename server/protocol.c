@@ -388,17 +388,12 @@ plan_sparse_read (struct request *r, struct read_piece *pc)
   return n;
 }
 
-/* The lent pieces must cover the range exactly: a plugin that says
- * otherwise would desynchronise the stream, so it is an error instead. */
-static bool
-lend_covers (const struct blkd_lend *l, uint32_t count)
+/* FUA on an export that did not advertise it is ignored, as before. */
+static inline uint32_t
+request_fua (const struct conn *c, const struct request *r)
 {
-  uint64_t sum = 0;
-  if (l->n == 0 || l->n > l->max)
-    return false;
-  for (unsigned i = 0; i < l->n; i++)
-    sum += l->iov[i].iov_len;
-  return sum == count;
+  return (r->flags & NBD_CMD_FLAG_FUA) && c->pc.caps.can_fua != NBDKIT_FUA_NONE
+         ? NBDKIT_FLAG_FUA : 0;
 }
 
 /* Reply without copying: the kernel sends from the plugin's file
@@ -414,7 +409,8 @@ read_lent (struct request *r)
   if (!c->tls) {
     int fd;
     uint64_t foff;
-    int err = plugin_pread_fd (&c->pc, r->count, r->offset, &fd, &foff);
+    int err = 0;
+    backend_pread_fd (c->pc.top, r->count, r->offset, 0, &fd, &foff, &err);
     if (err != ENOTSUP && err != E2BIG) {
       if (err)
         return err;
@@ -428,17 +424,11 @@ read_lent (struct request *r)
   }
 
   struct blkd_lend l = { .iov = r->iov + 1, .token = r->lent_token, .max = REQ_LEND_MAX };
-  int err = plugin_pread_lend (&c->pc, r->count, r->offset, &l);
-  if (err)
+  int err = 0;
+  if (backend_pread_lend (c->pc.top, r->count, r->offset, 0, &l, &err) == -1)
     return err == E2BIG ? ENOTSUP : err;
-  r->nlent = l.n < REQ_LEND_MAX ? l.n : REQ_LEND_MAX;
+  r->nlent = l.n;                   /* the stack checked: 1..REQ_LEND_MAX */
   r->lent_bytes = r->count;
-  if (!lend_covers (&l, r->count)) {
-    log_error ("plugin %s lent %u pieces that do not cover %llu bytes", plugin_name (),
-               l.n, (unsigned long long) r->count);
-    protocol_release (r);
-    return EIO;
-  }
   /* The header goes in iov[0], before the pieces the plugin filled. */
   r->niov = 0;
   if (!c->structured)
@@ -462,12 +452,13 @@ protocol_release (struct request *r)
     r->nlent = 0;
     log_debug ("WRITE offset %llu count %llu: payload incomplete, discarded",
                (unsigned long long) r->offset, (unsigned long long) r->count);
+    int err;
     backend_lock_request (&c->pc);  /* outside protocol_execute */
-    plugin_pwrite_commit (&c->pc, r->count, r->offset, false, &dst, false);
+    backend_pwrite_commit (c->pc.top, r->count, r->offset, 0, &dst, false, &err);
     backend_unlock_request (&c->pc);
   }
   else if (r->nlent) {
-    plugin_lend_release (r->lent_token, r->nlent, r->lent_bytes);
+    backend_lend_release (backend_top, r->lent_token, r->nlent, r->lent_bytes);
     r->nlent = 0;
   }
 }
@@ -659,9 +650,7 @@ protocol_execute (struct request *r)
 {
   struct conn *c = r->conn;
   struct context *top = c->pc.top;
-  /* FUA on an export that did not advertise it is ignored, as before. */
-  uint32_t fua = (r->flags & NBD_CMD_FLAG_FUA) && c->pc.caps.can_fua != NBDKIT_FUA_NONE
-                 ? NBDKIT_FLAG_FUA : 0;
+  uint32_t fua = request_fua (c, r);
   int err = 0;
 
   log_current = &c->log;
@@ -677,7 +666,8 @@ protocol_execute (struct request *r)
                                .n = r->nlent };
       r->placed = false;            /* the plugin owns the pieces again */
       r->nlent = 0;
-      err = plugin_pwrite_commit (&c->pc, r->count, r->offset, fua, &dst, true);
+      err = backend_pwrite_commit (top, r->count, r->offset, fua, &dst, true, &err) == -1
+            ? err : 0;
     }
     else
       err = backend_pwrite (top, r->buf->data, r->count, r->offset, fua, &err) == -1 ? err : 0;
@@ -816,9 +806,13 @@ place_payload (struct conn *c, struct request *r)
   if (c->buf_bytes && c->buf_bytes + r->count > cfg.iobuf_conn_cap)
     return false;
   struct blkd_lend dst = { .iov = r->iov, .token = r->lent_token, .max = REQ_LEND_MAX };
-  int err = plugin_pwrite_place (&c->pc, r->count, r->offset, r->flags & NBD_CMD_FLAG_FUA,
-                                 &dst);
-  if (err) {
+  int err = 0;
+  /* Parsing runs outside protocol_execute: take the request's lock here. */
+  backend_lock_request (&c->pc);
+  int rc = backend_pwrite_place (c->pc.top, r->count, r->offset, request_fua (c, r), &dst,
+                                 &err);
+  backend_unlock_request (&c->pc);
+  if (rc == -1) {
     if (err != ENOTSUP && err != E2BIG)
       log_debug ("WRITE offset %llu count %llu: no place for the payload (%s); copying",
                  (unsigned long long) r->offset, (unsigned long long) r->count,
@@ -826,13 +820,7 @@ place_payload (struct conn *c, struct request *r)
     return false;
   }
   r->placed = true;
-  r->nlent = dst.n < REQ_LEND_MAX ? dst.n : REQ_LEND_MAX;
-  if (!lend_covers (&dst, r->count)) {
-    log_error ("plugin %s placed %u pieces that do not cover %llu bytes; copying",
-               plugin_name (), dst.n, (unsigned long long) r->count);
-    protocol_release (r);
-    return false;
-  }
+  r->nlent = dst.n;                 /* the stack checked: 1..REQ_LEND_MAX */
   r->held = r->count;
   c->buf_bytes += r->held;          /* request_free gives it back */
   return true;

@@ -1,7 +1,12 @@
-/* The nbdkit plugin API (nbdkit 1.32 semantics) blkd exports to plugins. */
-
-/* Exported to dlopen'ed plugins (default visibility, resolved through the
- * executable's dynamic symbol table, which needs -rdynamic):
+/* The nbdkit plugin API (nbdkit 1.32 semantics) blkd exports to plugins:
+ * messages, paths, number parsers, configuration-time helpers, shutdown
+ * and sleeping, per-connection information and interned strings.  The
+ * extents and exports containers are extents.c's and exports.c's, the
+ * context calls for filters (nbdkit_next_context_open...) filter.c's, as
+ * in nbdkit's server/.
+ *
+ * Exported to dlopen'ed plugins (PUBLIC_API: default visibility, listed
+ * in server/blkd.syms):
  *   nbdkit_error nbdkit_verror nbdkit_debug nbdkit_vdebug nbdkit_set_error
  *   nbdkit_absolute_path nbdkit_realpath
  *   nbdkit_parse_size nbdkit_parse_bool nbdkit_parse_int nbdkit_parse_unsigned
@@ -13,20 +18,10 @@
  *   nbdkit_export_name nbdkit_is_tls
  *   nbdkit_strdup_intern nbdkit_strndup_intern nbdkit_printf_intern
  *   nbdkit_vprintf_intern
- *   nbdkit_add_extent nbdkit_extents_free
- *   nbdkit_add_export nbdkit_use_default_export nbdkit_exports_free
- * and, for filters (nbdkit-filter.h):
- *   nbdkit_extents_new nbdkit_extents_count nbdkit_get_extent
- *   nbdkit_extents_full nbdkit_extents_aligned
- *   nbdkit_exports_new nbdkit_exports_count nbdkit_get_export
  * For the core only (server/public.h): public_current, public_config_done,
  * public_shutdown_hook, public_last_error, public_take_error,
  * public_begin_shutdown, public_shutdown_requested, public_conn_ctx_release,
- * public_release_global, public_extents_new/free, public_exports_new/free,
- * public_exports_add_name.
- * Also for filters: nbdkit_next_context_open nbdkit_next_context_close
- *   nbdkit_context_get_backend nbdkit_context_set_next (thin: the layer
- *   stack in backend.c does the work).
+ * public_release_global.
  */
 
 #define NBDKIT_API_VERSION 2
@@ -57,13 +52,6 @@
 #include "size.h"
 #include "vector.h"
 
-#define API __attribute__((visibility ("default")))
-
-/* nbdkit's caps (server/extents.c, server/exports.c): they bound the reply
- * size and the memory a misbehaving plugin can make us hold. */
-#define MAX_EXTENTS (1024 * 1024)
-#define MAX_EXPORTS 10000
-#define MAX_STRING 4096             /* NBD protocol's limit on a string */
 
 /* Defined here rather than in the core so that unit tests linking every
  * server object but main.o still resolve them. */
@@ -74,7 +62,7 @@ void (*public_shutdown_hook) (void);
 
 /* ---- Messages ---------------------------------------------------------- */
 
-API __attribute__((format (printf, 1, 0))) void
+PUBLIC_API __attribute__((format (printf, 1, 0))) void
 nbdkit_verror (const char *fs, va_list args)
 {
   /* Plugins log and then return -1 expecting errno to survive (they set
@@ -84,7 +72,7 @@ nbdkit_verror (const char *fs, va_list args)
   errno = err;
 }
 
-API __attribute__((format (printf, 1, 2))) void
+PUBLIC_API __attribute__((format (printf, 1, 2))) void
 nbdkit_error (const char *fs, ...)
 {
   int err = errno;
@@ -97,7 +85,7 @@ nbdkit_error (const char *fs, ...)
   errno = err;
 }
 
-API __attribute__((format (printf, 1, 0))) void
+PUBLIC_API __attribute__((format (printf, 1, 0))) void
 nbdkit_vdebug (const char *fs, va_list args)
 {
   int err = errno;
@@ -106,7 +94,7 @@ nbdkit_vdebug (const char *fs, va_list args)
   errno = err;
 }
 
-API __attribute__((format (printf, 1, 2))) void
+PUBLIC_API __attribute__((format (printf, 1, 2))) void
 nbdkit_debug (const char *fs, ...)
 {
   int err = errno;
@@ -120,7 +108,7 @@ nbdkit_debug (const char *fs, ...)
   errno = err;
 }
 
-API void
+PUBLIC_API void
 nbdkit_set_error (int err)
 {
   public_last_error = err;
@@ -136,7 +124,7 @@ public_take_error (void)
 
 /* ---- Paths ------------------------------------------------------------- */
 
-API char *
+PUBLIC_API char *
 nbdkit_absolute_path (const char *path)
 {
   char *cwd, *ret;
@@ -166,7 +154,7 @@ nbdkit_absolute_path (const char *path)
   return ret;
 }
 
-API char *
+PUBLIC_API char *
 nbdkit_realpath (const char *path)
 {
   char *ret;
@@ -257,7 +245,7 @@ parse_unsigned (const char *what, const char *str, unsigned long long max,
 
 /* The result pointer may be NULL (nbdkit allows it: "just validate"). */
 #define DEFINE_PARSE_SIGNED(fn, type, min, max)                         \
-  API int                                                               \
+  PUBLIC_API int                                                        \
   fn (const char *what, const char *str, type *rp)                      \
   {                                                                     \
     long long r;                                                        \
@@ -268,7 +256,7 @@ parse_unsigned (const char *what, const char *str, unsigned long long max,
     return 0;                                                           \
   }
 #define DEFINE_PARSE_UNSIGNED(fn, type, max)                            \
-  API int                                                               \
+  PUBLIC_API int                                                        \
   fn (const char *what, const char *str, type *rp)                      \
   {                                                                     \
     unsigned long long r;                                               \
@@ -293,7 +281,7 @@ DEFINE_PARSE_UNSIGNED (nbdkit_parse_uint64_t, uint64_t, UINT64_MAX)
 /* Decimal only (hex digits would collide with the suffixes), one optional
  * suffix, no fractions: nbdkit 1.32.5 rejects "1.5G" and "1MiB" with
  * "unknown suffix", and so do we, with its exact messages. */
-API int64_t
+PUBLIC_API int64_t
 nbdkit_parse_size (const char *str)
 {
   int64_t size;
@@ -342,7 +330,7 @@ ascii_streq_nocase (const char *a, const char *b)
   }
 }
 
-API int
+PUBLIC_API int
 nbdkit_parse_bool (const char *str)
 {
   static const char *const yes[] = { "1", "true", "t", "yes", "y", "on" };
@@ -363,7 +351,7 @@ nbdkit_parse_bool (const char *str)
 
 /* blkd never serves over stdin (no -s), so stdin belongs to the plugin
  * exactly until the configuration phase ends. */
-API int
+PUBLIC_API int
 nbdkit_stdio_safe (void)
 {
   return !public_config_done;
@@ -456,7 +444,7 @@ read_password_from_fd (const char *what, int fd, char **password)
   return r;
 }
 
-API int
+PUBLIC_API int
 nbdkit_read_password (const char *value, char **password)
 {
   *password = NULL;
@@ -535,7 +523,7 @@ public_shutdown_requested (void)
   return atomic_load (&shutdown_flag);
 }
 
-API void
+PUBLIC_API void
 nbdkit_shutdown (void)
 {
   void (*hook) (void) = public_shutdown_hook;
@@ -550,7 +538,7 @@ nbdkit_shutdown (void)
  * a plugin sleeping for rate limiting cannot hold up either.  Signals are
  * not blocked (a signal may be how the core learns of shutdown); EINTR
  * just resumes the sleep for the remaining time. */
-API int
+PUBLIC_API int
 nbdkit_nanosleep (unsigned sec, unsigned nsec)
 {
   struct public_conn_ctx *ctx = public_current;
@@ -612,7 +600,7 @@ nbdkit_nanosleep (unsigned sec, unsigned nsec)
 
 /* ---- Per-connection information ---------------------------------------- */
 
-API const char *
+PUBLIC_API const char *
 nbdkit_export_name (void)
 {
   if (public_current == NULL) {
@@ -623,7 +611,7 @@ nbdkit_export_name (void)
   return public_current->export_name;
 }
 
-API int
+PUBLIC_API int
 nbdkit_is_tls (void)
 {
   if (public_current == NULL) {
@@ -651,7 +639,7 @@ current_socket (void)
   return public_current->peer_fd;
 }
 
-API int
+PUBLIC_API int
 nbdkit_peer_name (struct sockaddr *addr, socklen_t *addrlen)
 {
   int s = current_socket ();
@@ -711,19 +699,19 @@ peer_cred (enum cred_field which)
   return -1;
 }
 
-API int64_t
+PUBLIC_API int64_t
 nbdkit_peer_pid (void)
 {
   return peer_cred (CRED_PID);
 }
 
-API int64_t
+PUBLIC_API int64_t
 nbdkit_peer_uid (void)
 {
   return peer_cred (CRED_UID);
 }
 
-API int64_t
+PUBLIC_API int64_t
 nbdkit_peer_gid (void)
 {
   return peer_cred (CRED_GID);
@@ -815,7 +803,7 @@ intern_bytes (const char *str, size_t len)
   return add_intern (in);
 }
 
-API const char *
+PUBLIC_API const char *
 nbdkit_strndup_intern (const char *str, size_t n)
 {
   if (str == NULL) {
@@ -826,7 +814,7 @@ nbdkit_strndup_intern (const char *str, size_t n)
   return intern_bytes (str, strnlen (str, n));
 }
 
-API const char *
+PUBLIC_API const char *
 nbdkit_strdup_intern (const char *str)
 {
   if (str == NULL) {
@@ -837,7 +825,7 @@ nbdkit_strdup_intern (const char *str)
   return intern_bytes (str, strlen (str));
 }
 
-API __attribute__((format (printf, 1, 0))) const char *
+PUBLIC_API __attribute__((format (printf, 1, 0))) const char *
 nbdkit_vprintf_intern (const char *fmt, va_list ap)
 {
   /* %m must see the caller's errno on both passes, and malloc may not
@@ -865,7 +853,7 @@ nbdkit_vprintf_intern (const char *fmt, va_list ap)
   return add_intern (in);
 }
 
-API __attribute__((format (printf, 1, 2))) const char *
+PUBLIC_API __attribute__((format (printf, 1, 2))) const char *
 nbdkit_printf_intern (const char *fmt, ...)
 {
   va_list ap;
@@ -877,437 +865,14 @@ nbdkit_printf_intern (const char *fmt, ...)
   return ret;
 }
 
-/* ---- Extents ----------------------------------------------------------- */
-
-/* e->next holds offset+length of the previous call.  nbdkit keeps it in an
- * int64_t with -1 meaning "no call yet", so any value above INT64_MAX
- * skips the contiguity check; UINT64_MAX as "no call yet" and the same
- * test reproduce that exactly. */
-#define EXTENTS_NO_CALL_YET UINT64_MAX
-
-struct nbdkit_extents *
-public_extents_new (uint64_t start, uint64_t end)
-{
-  struct nbdkit_extents *e;
-
-  if (start > INT64_MAX || end > INT64_MAX) {
-    nbdkit_error ("nbdkit_extents_new: start (%" PRIu64 ") or end (%" PRIu64
-                  ") > INT64_MAX", start, end);
-    errno = ERANGE;
-    return NULL;
-  }
-  if (start > end) {            /* start == end is a valid empty window */
-    nbdkit_error ("nbdkit_extents_new: start (%" PRIu64 ") >= end (%" PRIu64
-                  ")", start, end);
-    errno = ERANGE;
-    return NULL;
-  }
-  e = calloc (1, sizeof *e);
-  if (e == NULL) {
-    nbdkit_error ("nbdkit_extents_new: malloc: %m");
-    return NULL;
-  }
-  e->start = start;
-  e->end = end;
-  e->next = EXTENTS_NO_CALL_YET;
-  return e;
-}
-
-void
-public_extents_free (struct nbdkit_extents *e)
-{
-  if (e) {
-    free (e->v);
-    free (e);
-  }
-}
-
-API void
-nbdkit_extents_free (struct nbdkit_extents *e)
-{
-  public_extents_free (e);
-}
-
-API int
-nbdkit_add_extent (struct nbdkit_extents *e,
-                   uint64_t offset, uint64_t length, uint32_t type)
-{
-  /* The order of these checks is nbdkit's, and it is observable: e.g. a
-   * non-contiguous zero-length extent is an error, and the first extent
-   * starting after `start` is only an error if it is inside the window. */
-  if (e->next <= INT64_MAX && e->next != offset) {
-    nbdkit_error ("nbdkit_add_extent: "
-                  "extents must be added in ascending order and "
-                  "must be contiguous");
-    errno = ERANGE;
-    return -1;
-  }
-  e->next = offset + length;
-
-  if (length == 0)
-    return 0;
-  /* Past the window, or full: dropped silently; the client just gets a
-   * shorter answer and asks again. */
-  if (offset >= e->end || e->len >= MAX_EXTENTS)
-    return 0;
-  if (offset + length > e->end)
-    length = e->end - offset;
-
-  if (e->len == 0) {
-    if (offset + length <= e->start)
-      return 0;
-    if (offset > e->start) {
-      nbdkit_error ("nbdkit_add_extent: first extent must not be > start (%"
-                    PRIu64 ")", e->start);
-      errno = ERANGE;
-      return -1;
-    }
-    length -= e->start - offset;
-    offset = e->start;
-  }
-
-  if (e->len > 0 && e->v[e->len - 1].type == type) {
-    e->v[e->len - 1].length += length;
-    return 0;
-  }
-  struct public_extent *nv = vec_grow (e->v, &e->cap, e->len + 1, sizeof *nv, 16);
-  if (nv == NULL) {
-    nbdkit_error ("nbdkit_add_extent: realloc: %m");
-    return -1;
-  }
-  e->v = nv;
-  e->v[e->len].offset = offset;
-  e->v[e->len].length = length;
-  e->v[e->len].type = type;
-  e->len++;
-  return 0;
-}
-
-API struct nbdkit_extents *
-nbdkit_extents_new (uint64_t start, uint64_t end)
-{
-  return public_extents_new (start, end);
-}
-
-API size_t
-nbdkit_extents_count (const struct nbdkit_extents *e)
-{
-  return e->len;
-}
+/* ---- For extents.c and exports.c -------------------------------------- */
 
 /* nbdkit asserts on an index past the count; a filter that does it is
  * broken, and carrying on would hand it memory past the array. */
-static void __attribute__((noreturn))
+void
 public_index_abort (const char *fn, size_t i, size_t len)
 {
   log_error ("%s: index %zu out of range (count %zu): "
              "filter bug, aborting", fn, i, len);
   abort ();
-}
-
-API struct nbdkit_extent
-nbdkit_get_extent (const struct nbdkit_extents *e, size_t i)
-{
-  if (i >= e->len)
-    public_index_abort ("nbdkit_get_extent", i, e->len);
-  return (struct nbdkit_extent) {
-    .offset = e->v[i].offset, .length = e->v[i].length, .type = e->v[i].type,
-  };
-}
-
-/* Asks `next` for one extents list, failing with EIO when it answered
- * nothing: the caller would otherwise loop without progress (nbdkit
- * asserts there instead). */
-static int
-extents_ask (nbdkit_next *next, uint32_t count, uint64_t offset,
-             uint32_t flags, struct nbdkit_extents *e, int *err)
-{
-  if (next->extents (next, count, offset, flags, e, err) == -1)
-    return -1;
-  if (e->len == 0) {
-    nbdkit_error ("extents: the layer below returned no extent at offset %"
-                  PRIu64, offset);
-    *err = EIO;
-    return -1;
-  }
-  return 0;
-}
-
-/* Every extent of [offset, offset+count), asking `next` as many times as
- * it takes (a plugin may answer only a prefix).  REQ_ONE is cleared so the
- * layer below answers as much as it is willing to per call. */
-API struct nbdkit_extents *
-nbdkit_extents_full (nbdkit_next *next, uint32_t count, uint64_t offset,
-                     uint32_t flags, int *err)
-{
-  struct nbdkit_extents *ret, *t = NULL;
-
-  flags &= ~NBDKIT_FLAG_REQ_ONE;
-  ret = public_extents_new (offset, offset + count);
-  if (ret == NULL)
-    goto err_errno;
-  while (count > 0) {
-    t = public_extents_new (offset, offset + count);
-    if (t == NULL)
-      goto err_errno;
-    if (extents_ask (next, count, offset, flags, t, err) == -1)
-      goto err;
-    /* t is clipped to [offset, offset+count), so each extent fits. */
-    for (size_t i = 0; i < t->len; i++) {
-      if (nbdkit_add_extent (ret, t->v[i].offset, t->v[i].length,
-                             t->v[i].type) == -1)
-        goto err_errno;
-      offset += t->v[i].length;
-      count -= t->v[i].length;
-    }
-    public_extents_free (t);
-    t = NULL;
-  }
-  return ret;
-
- err_errno:
-  *err = errno;
- err:
-  public_extents_free (t);
-  public_extents_free (ret);
-  return NULL;
-}
-
-/* Fills `e` for [offset, offset+count) with extents whose lengths are all
- * multiples of `align`, for a filter whose own granularity is `align`
- * (blocksize, cacheextents...).  nbdkit's rule: an unaligned extent past
- * the first block is rounded down and the list ends there; an unaligned
- * first block is merged with what follows until it covers `align` bytes,
- * its type being the AND of the merged types (a block is a hole or zero
- * only if all of it is), asking `next` again if the list runs out. */
-API int
-nbdkit_extents_aligned (nbdkit_next *next, uint32_t count, uint64_t offset,
-                        uint32_t flags, uint32_t align,
-                        struct nbdkit_extents *e, int *err)
-{
-  /* nbdkit asserts these; a bad filter gets EINVAL here instead. */
-  if (align == 0 || (align & (align - 1)) != 0 ||
-      ((count | offset) & (align - 1)) != 0) {
-    nbdkit_error ("nbdkit_extents_aligned: count %" PRIu32 " offset %"
-                  PRIu64 " not aligned to %" PRIu32 " (or not a power of 2)",
-                  count, offset, align);
-    *err = EINVAL;
-    return -1;
-  }
-  if (next->extents (next, count, offset, flags, e, err) == -1)
-    return -1;
-
-  for (size_t i = 0; i < e->len; i++) {
-    struct public_extent *x = &e->v[i];
-
-    if ((x->length & (align - 1)) == 0)
-      continue;
-    if (x->offset + x->length > offset + align) {
-      /* Keep the aligned part; the client asks again for the rest. */
-      x->length &= ~(uint64_t) (align - 1);
-      e->len = i + (x->length != 0);
-      e->next = x->offset + x->length;
-      return 0;
-    }
-    /* Only the first extent can end inside the first block: every later
-     * one starts at or past offset + align. */
-    while (x->length < align) {
-      if (e->len > 1) {
-        x->length += e->v[1].length;
-        x->type &= e->v[1].type;
-        memmove (&e->v[1], &e->v[2], (e->len - 2) * sizeof e->v[0]);
-        e->len--;
-      }
-      else {
-        /* The layer below needs a fresh container; its answer becomes
-         * ours, with our partial first extent folded into its first. */
-        struct nbdkit_extents *t;
-        struct public_extent *tv;
-        size_t tlen, tcap;
-
-        t = public_extents_new (x->offset + x->length, offset + align);
-        if (t == NULL) {
-          *err = errno;
-          return -1;
-        }
-        if (extents_ask (next, align - x->length, x->offset + x->length,
-                         flags & ~NBDKIT_FLAG_REQ_ONE, t, err) == -1) {
-          public_extents_free (t);
-          return -1;
-        }
-        t->v[0].offset = x->offset;
-        t->v[0].length += x->length;
-        t->v[0].type &= x->type;
-        tv = t->v, tlen = t->len, tcap = t->cap;
-        t->v = e->v, t->len = e->len, t->cap = e->cap;
-        e->v = tv, e->len = tlen, e->cap = tcap;
-        public_extents_free (t);
-        x = &e->v[0];
-      }
-    }
-    x->length = align;
-    e->len = 1;
-    e->next = x->offset + x->length;
-    return 0;
-  }
-  return 0;
-}
-
-/* ---- Exports ----------------------------------------------------------- */
-
-struct nbdkit_exports *
-public_exports_new (void)
-{
-  struct nbdkit_exports *x = calloc (1, sizeof *x);
-
-  if (x == NULL)
-    nbdkit_error ("nbdkit_exports_new: malloc: %m");
-  return x;
-}
-
-void
-public_exports_free (struct nbdkit_exports *x)
-{
-  if (x) {
-    for (size_t i = 0; i < x->len; i++) {
-      free (x->v[i].name);
-      free (x->v[i].description);
-    }
-    free (x->v);
-    free (x);
-  }
-}
-
-API void
-nbdkit_exports_free (struct nbdkit_exports *x)
-{
-  public_exports_free (x);
-}
-
-API struct nbdkit_exports *
-nbdkit_exports_new (void)
-{
-  return public_exports_new ();
-}
-
-API size_t
-nbdkit_exports_count (const struct nbdkit_exports *x)
-{
-  return x->len;
-}
-
-/* nbdkit-filter.h declares the result const; clang holds a definition to
- * that, gcc's -Wignored-qualifiers calls the const pointless. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wignored-qualifiers"
-API const struct nbdkit_export
-nbdkit_get_export (const struct nbdkit_exports *x, size_t i)
-{
-  if (i >= x->len)
-    public_index_abort ("nbdkit_get_export", i, x->len);
-  return (struct nbdkit_export) {
-    .name = x->v[i].name, .description = x->v[i].description,
-  };
-}
-#pragma GCC diagnostic pop
-
-API int
-nbdkit_add_export (struct nbdkit_exports *x,
-                   const char *name, const char *description)
-{
-  char *n = NULL, *d = NULL;
-
-  if (x->len >= MAX_EXPORTS) {
-    nbdkit_error ("nbdkit_add_export: too many exports");
-    errno = EINVAL;
-    return -1;
-  }
-  /* NBD_OPT_LIST replies carry these as protocol strings. */
-  if (name == NULL) {
-    nbdkit_error ("nbdkit_add_export: no export name given");
-    errno = EINVAL;
-    return -1;
-  }
-  if (strlen (name) > MAX_STRING ||
-      (description && strlen (description) > MAX_STRING)) {
-    nbdkit_error ("nbdkit_add_export: string too long");
-    errno = EINVAL;
-    return -1;
-  }
-  struct public_export *nv = vec_grow (x->v, &x->cap, x->len + 1, sizeof *nv, 8);
-  if (nv == NULL)
-    goto nomem;
-  x->v = nv;
-  n = strdup (name);
-  if (n == NULL)
-    goto nomem;
-  if (description) {
-    d = strdup (description);
-    if (d == NULL)
-      goto nomem;
-  }
-  x->v[x->len].name = n;
-  x->v[x->len].description = d;
-  x->len++;
-  return 0;
-
- nomem:
-  nbdkit_error ("nbdkit_add_export: %m");
-  free (n);
-  errno = ENOMEM;
-  return -1;
-}
-
-int
-public_exports_add_name (struct nbdkit_exports *x, const char *name)
-{
-  x->use_default = false;
-  return nbdkit_add_export (x, name, NULL);
-}
-
-API int
-nbdkit_use_default_export (struct nbdkit_exports *x)
-{
-  x->use_default = true;
-  return 0;
-}
-
-/* ---- contexts, for filters (the work is in backend.c) ---------------- */
-
-/* backend.h cannot be included here: it makes nbdkit_next our struct
- * context, while this file sees nbdkit's opaque types. */
-struct backend;
-struct context;
-struct context *backend_next_context_open (struct backend *b, int readonly,
-                                           const char *exportname, int shared);
-void backend_close (struct context *c);
-struct backend *backend_context_below (struct context *c);
-struct context *backend_context_swap_next (struct context *c, struct context *next);
-
-API nbdkit_next *
-nbdkit_next_context_open (nbdkit_backend *backend, int readonly,
-                          const char *exportname, int shared)
-{
-  return (nbdkit_next *) backend_next_context_open ((struct backend *) backend, readonly,
-                                                    exportname, shared);
-}
-
-API void
-nbdkit_next_context_close (nbdkit_next *next)
-{
-  if (next)
-    backend_close ((struct context *) next);
-}
-
-API nbdkit_backend *
-nbdkit_context_get_backend (nbdkit_context *context)
-{
-  return (nbdkit_backend *) backend_context_below ((struct context *) context);
-}
-
-API nbdkit_next *
-nbdkit_context_set_next (nbdkit_context *context, nbdkit_next *next)
-{
-  return (nbdkit_next *) backend_context_swap_next ((struct context *) context,
-                                                    (struct context *) next);
 }

@@ -7,6 +7,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* On every function of nbdkit's API blkd defines (public.c, extents.c,
+ * exports.c, filter.c): the server is built with hidden visibility, and
+ * these are what server/blkd.syms exports to plugins and filters. */
+#define PUBLIC_API __attribute__((visibility ("default")))
+
 /* What nbdkit_export_name/is_tls/peer_* answer.  The core points
  * public_current at the connection's context around every plugin call
  * (shard thread or worker); NULL outside a connection. */
@@ -80,6 +85,12 @@ int public_take_error (void);
  * a plugin called nbdkit_shutdown during config before the hook was set. */
 void public_begin_shutdown (void);
 bool public_shutdown_requested (void);
+
+/* nbdkit asserts on an index past a container's count; a filter that
+ * does it is broken, and carrying on would hand it memory past the array:
+ * log and abort. */
+void public_index_abort (const char *fn, size_t i, size_t len)
+  __attribute__((noreturn));
 
 /* Exported to plugins, but declared only in nbdkit-filter.h: plugins'
  * statically-linked cleanup code calls them.  Same as public_*_free. */

@@ -3,12 +3,17 @@
 # the user's CFLAGS/CPPFLAGS/LDFLAGS reach every binary and plugin without
 # replacing the project's flags, a second make does nothing, a plugin is
 # rebuilt alone when its source changes, WERROR=0 and NO_DEPS=1 do what
-# they say, install/uninstall under DESTDIR leave nothing behind, and
-# make dist names its tarball after VERSION.
+# they say, blkd exports exactly the nbdkit API its version script lists,
+# install puts binaries, plugins, man pages, the plugin header and blkd.pc
+# in place (a plugin source compiles against them through pkg-config) and
+# uninstall under DESTDIR leaves nothing behind, and make dist names its
+# tarball after VERSION.
 # run.sh: serial (a whole extra build)
 . "$(dirname "$0")/lib.sh"
 need git
 need readelf
+need nm
+need pkg-config
 git -C "$TOP" rev-parse --git-dir >/dev/null 2>&1 || skip "not a git checkout (needs git ls-files)"
 # make exports its command-line variables: `make NO_DEPS=1 check` must not
 # change what this test expects of a plain make.
@@ -54,15 +59,49 @@ out=$(make -n check)
 grep -q 'dpkg' <<<"$out" || fail "make check lost its deps step"
 echo "ok: WERROR=0 and NO_DEPS=1"
 
+# The dynamic symbol table: the version script's list and nothing of
+# blkd's own.  glibc data the binary holds copies of (stderr, optarg: copy
+# relocations) is exported under glibc's version, which is not ours.
+want=$(sed -n 's/^ *\(nbdkit_[a-z0-9_]*\);$/\1/p' server/blkd.syms | sort)
+[ "$(wc -l <<<"$want")" -ge 40 ] || fail "server/blkd.syms lists only $(wc -l <<<"$want") symbols"
+got=$(nm -D --defined-only blkd | awk '{print $3}' | grep -v '@GLIBC_' | sort)
+[ "$got" = "$want" ] || { diff <(echo "$want") <(echo "$got"); fail "nm -D blkd differs from server/blkd.syms"; }
+echo "ok: nm -D blkd exports exactly the $(wc -l <<<"$want") nbdkit API functions of server/blkd.syms"
+
 make -s "${flags[@]}" install DESTDIR="$TMP/dest" >/dev/null
 for f in bin/blkd bin/blkperf share/man/man1/blkd.1 share/man/man1/blkperf.1 \
-         lib/blkd/plugins/nbdkit-ram-plugin.so; do
+         share/man/man1/nbdkit-ram-plugin.1 share/man/man1/nbdkit-rawio-plugin.1 \
+         lib/blkd/plugins/nbdkit-ram-plugin.so lib/blkd/plugins/nbdkit-rawio-plugin.so \
+         include/blkd-plugin.h lib/pkgconfig/blkd.pc; do
   [ -f "$TMP/dest/usr/local/$f" ] || fail "make install did not install $f"
 done
+[ -f "$TOP/LICENSE" ] || fail "no LICENSE file"
+pc=(env PKG_CONFIG_PATH="$TMP/dest/usr/local/lib/pkgconfig" pkg-config)
+[ "$("${pc[@]}" --modversion blkd)" = "$(cat VERSION)" ] || fail "blkd.pc does not carry VERSION"
+[ "$("${pc[@]}" --variable=plugindir blkd)" = /usr/local/lib/blkd/plugins ] \
+  || fail "blkd.pc: plugindir is $("${pc[@]}" --variable=plugindir blkd)"
+# A plugin author's build: nbdkit's header and blkd's installed one, found
+# through pkg-config (the header's directory given by hand as it lies under
+# DESTDIR, not the prefix blkd.pc names).
+cat >"$TMP/ext.c" <<'EOC'
+#define NBDKIT_API_VERSION 2
+#include <nbdkit-plugin.h>
+#include <blkd-plugin.h>
+const struct blkd_plugin_extension blkd_plugin_extension = {
+  .version = BLKD_PLUGIN_EXTENSION_VERSION,
+  .size = sizeof (struct blkd_plugin_extension),
+};
+EOC
+# shellcheck disable=SC2046
+gcc -Wall -Werror -c -o "$TMP/ext.o" "$TMP/ext.c" $("${pc[@]}" --cflags blkd) \
+  -I"$TMP/dest/usr/local/include" || fail "a plugin source does not compile against the installed header"
+man_ok=$(LC_ALL=C.UTF-8 MANWIDTH=80 man -l "$TMP/dest/usr/local/share/man/man1/nbdkit-ram-plugin.1" 2>/dev/null \
+         | grep -c 'size=' || true)
+[ "$man_ok" -ge 1 ] || fail "the installed nbdkit-ram-plugin(1) does not render its size= parameter"
 make -s uninstall DESTDIR="$TMP/dest" >/dev/null
 left=$(find "$TMP/dest" -type f)
 [ -z "$left" ] || fail "make uninstall left: $left"
-echo "ok: install puts binaries, plugins and man pages in place; uninstall removes them"
+echo "ok: install puts binaries, plugins, man pages (blkd, blkperf, ram, rawio), blkd-plugin.h and blkd.pc in place; uninstall removes them"
 
 cd "$TOP"
 version=$(cat VERSION)

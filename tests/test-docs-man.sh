@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The manual pages: blkd(1) and blkperf(1) render without warnings and
 # document every option the programs' --help lists, so an option added
-# without a line in its man page fails here.
+# without a line in its man page fails here; each installed plugin's
+# nbdkit-NAME-plugin(1) renders cleanly and documents every key=value
+# its config_help (blkd NAME --help) names.
 . "$(dirname "$0")/lib.sh"
 need man
 need groff
@@ -44,3 +46,20 @@ for prog in "$BLKD" "$BLKPERF"; do
   echo "ok: $name.1 checked against $n options from --help"
 done
 [ "$bad" -eq 0 ] || fail "$bad option(s) missing from the manual pages"
+
+for name in ram rawio; do
+  page="$TOP/man/nbdkit-$name-plugin.1"
+  [ -f "$page" ] || fail "no manual page $page"
+  warn=$(LC_ALL=C.UTF-8 MANROFFSEQ='' MANWIDTH=80 \
+         man --warnings -E UTF-8 -l -Tutf8 -Z "$page" 2>&1 >/dev/null)
+  [ -z "$warn" ] || { echo "$warn"; fail "nbdkit-$name-plugin.1: man --warnings complains"; }
+  warn=$(groff -ww -man -Tutf8 -z "$page" 2>&1)
+  [ -z "$warn" ] || { echo "$warn"; fail "nbdkit-$name-plugin.1: groff -ww complains"; }
+  text=$(groff -man -Tascii -P-c -P-b -P-u "$page" 2>/dev/null)
+  keys=$("$BLKD" "$name" --help 2>&1 | sed -n 's/^\([a-z_]*\)=<.*/\1/p')
+  [ -n "$keys" ] || fail "no key=value lines in blkd $name --help"
+  for k in $keys; do
+    grep -q -- "$k=" <<<"$text" || fail "nbdkit-$name-plugin.1 does not document $k="
+  done
+  echo "ok: nbdkit-$name-plugin.1 renders without warnings and documents" $keys
+done

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-# TLS reads of lent ram chunks: both sealers (--tls-seal=blkd, the
-# default, and openssl) read the plaintext straight from the lent memory.
+# TLS reads of lent ram chunks: OpenSSL seals the plaintext straight from
+# the lent memory.
 # Reads of every shape must equal what was written, the replies must
 # really have been lent (blkd_lend_replies_total), a hang-up with lent TLS
 # replies unsent must release them, and rawio over TLS must not use
@@ -36,39 +36,38 @@ golden = bytearray(os.urandom(16 * MiB))
 shapes = [(0, MiB), (MiB + 17, 300000), (4096, 4096), (5, 70000), (15 * MiB, MiB)]
 shapes += [(o, rng.randint(1, 2 * MiB)) for o in (rng.randrange(0, 14 * MiB) for _ in range(12))]
 
-for seal in ("blkd", "openssl"):
-    srv = Server(["ram", "size=64M"], opts=["--tls=require", "--tls-psk", PSK, "--tls-seal", seal,
-                                            "--metrics", "127.0.0.1:0"])
-    mport = srv.metrics_port
-    h = tls_connect(srv)
-    for i in range(16):
-        h.pwrite(bytes(golden[i * MiB:(i + 1) * MiB]), i * MiB)
-    for structured in (True, False):
-        c = h if structured else tls_connect(srv, structured=False)
-        before = metrics(mport)["blkd_lend_replies_total"]
-        for off, n in shapes:
-            if c.pread(n, off) != golden[off:off + n]:
-                fail("--tls-seal=%s %s read at %d+%d differs" % (seal, "structured" if structured else "simple", off, n))
-        lent = metrics(mport)["blkd_lend_replies_total"] - before
-        check(lent >= len(shapes), "--tls-seal=%s %s: %d reads of lent chunks equal the data"
-              % (seal, "structured" if structured else "simple", len(shapes)))
-        if c is not h:
-            c.shutdown()
-    # Many lent reads in flight, then a hang-up without reading them all.
-    c = tls_connect(srv)
-    bufs = [nbd.Buffer(MiB) for _ in range(32)]
-    for i, b in enumerate(bufs):
-        c.aio_pread(b, (i % 16) * MiB)
-    while c.aio_in_flight() == 32 and metrics(mport)["blkd_lend_bytes"] == 0:
-        c.poll(1)                        # sends the requests, reads a little
-    del c                                # closes the socket, replies unread
-    wait_metric(mport, lambda m: m["blkd_lend_bytes"] == 0 and m["blkd_requests_in_flight"] == 0,
-                "--tls-seal=%s: lent TLS replies released after a hang-up" % seal)
-    ok("--tls-seal=%s: hang-up with lent TLS replies released them" % seal)
-    check_eq(h.pread(MiB, 3 * MiB), bytes(golden[3 * MiB:4 * MiB]), "read after the hang-up")
-    h.shutdown()
-    srv.check_alive()
-    srv.stop()
+srv = Server(["ram", "size=64M"], opts=["--tls=require", "--tls-psk", PSK,
+                                        "--metrics", "127.0.0.1:0"])
+mport = srv.metrics_port
+h = tls_connect(srv)
+for i in range(16):
+    h.pwrite(bytes(golden[i * MiB:(i + 1) * MiB]), i * MiB)
+for structured in (True, False):
+    c = h if structured else tls_connect(srv, structured=False)
+    before = metrics(mport)["blkd_lend_replies_total"]
+    for off, n in shapes:
+        if c.pread(n, off) != golden[off:off + n]:
+            fail("%s read at %d+%d differs" % ("structured" if structured else "simple", off, n))
+    lent = metrics(mport)["blkd_lend_replies_total"] - before
+    check(lent >= len(shapes), "%s: %d reads of lent chunks equal the data"
+          % ("structured" if structured else "simple", len(shapes)))
+    if c is not h:
+        c.shutdown()
+# Many lent reads in flight, then a hang-up without reading them all.
+c = tls_connect(srv)
+bufs = [nbd.Buffer(MiB) for _ in range(32)]
+for i, b in enumerate(bufs):
+    c.aio_pread(b, (i % 16) * MiB)
+while c.aio_in_flight() == 32 and metrics(mport)["blkd_lend_bytes"] == 0:
+    c.poll(1)                        # sends the requests, reads a little
+del c                                # closes the socket, replies unread
+wait_metric(mport, lambda m: m["blkd_lend_bytes"] == 0 and m["blkd_requests_in_flight"] == 0,
+            "lent TLS replies released after a hang-up")
+ok("hang-up with lent TLS replies released them")
+check_eq(h.pread(MiB, 3 * MiB), bytes(golden[3 * MiB:4 * MiB]), "read after the hang-up")
+h.shutdown()
+srv.check_alive()
+srv.stop()
 
 # rawio over TLS: copied (no sendfile), same bytes.
 path = os.path.join(TMP, "disk.img")

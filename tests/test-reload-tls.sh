@@ -127,81 +127,77 @@ reload() {
 # size URI: the export's size through a new TLS session.
 size() { nbdinfo --size "$1"; }
 
-# Once with each sealer: the opt-in one runs its self-test again on every
-# reload, against the new context.
-for seal in openssl blkd; do
-  echo "# server certificate, its CA and the PSK rotated under load (--tls-seal=$seal)"
-  : >"$TMP/server.log"
-  D=$TMP/certs-$seal P=$TMP/keys-$seal.psk
-  rm -rf "$D" && cp -r "$T/server" "$D"
-  cp "$T/keys.psk" "$P"
-  start_server --tls=require --tls-certificates="$D" --tls-psk="$P" --tls-seal=$seal memory 64M
-  PSK_OLD="nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$T/keys.psk"
-  CERT_OLD="nbds://127.0.0.1:$PORT/?tls-certificates=$T/client-ca"
-  start_load psk "$PSK_OLD" 0
-  start_load cert "$CERT_OLD" 1
-  load_moves "before any reload"
+echo "# server certificate, its CA and the PSK rotated under load"
+: >"$TMP/server.log"
+D=$TMP/certs P=$TMP/keys2.psk
+rm -rf "$D" && cp -r "$T/server" "$D"
+cp "$T/keys.psk" "$P"
+start_server --tls=require --tls-certificates="$D" --tls-psk="$P" memory 64M
+PSK_OLD="nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$T/keys.psk"
+CERT_OLD="nbds://127.0.0.1:$PORT/?tls-certificates=$T/client-ca"
+start_load psk "$PSK_OLD" 0
+start_load cert "$CERT_OLD" 1
+load_moves "before any reload"
 
-  new_ca ca2
-  new_cert ca2 "$T/server.ext" "$T/server2" server-cert.pem server-key.pem localhost
-  cp "$T/ca2/cert.pem" "$T/server2/ca-cert.pem"
-  mkdir -p "$T/client-ca2" && cp "$T/ca2/cert.pem" "$T/client-ca2/ca-cert.pem"
-  ( umask 077; echo "alice:$(openssl rand -hex 32)" >"$T/new.psk" )
-  PSK_NEW="nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$T/new.psk"
-  CERT_NEW="nbds://127.0.0.1:$PORT/?tls-certificates=$T/client-ca2"
+new_ca ca2
+new_cert ca2 "$T/server.ext" "$T/server2" server-cert.pem server-key.pem localhost
+cp "$T/ca2/cert.pem" "$T/server2/ca-cert.pem"
+mkdir -p "$T/client-ca2" && cp "$T/ca2/cert.pem" "$T/client-ca2/ca-cert.pem"
+( umask 077; echo "alice:$(openssl rand -hex 32)" >"$T/new.psk" )
+PSK_NEW="nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$T/new.psk"
+CERT_NEW="nbds://127.0.0.1:$PORT/?tls-certificates=$T/client-ca2"
 
-  cp "$T/server2/"* "$D/"
-  cp "$T/new.psk" "$P"
-  reload "new certificate, CA and PSK" good
-  load_moves "after the rotation"
-  expect_eq "$(size "$CERT_NEW")" 67108864 "a new client checking the NEW CA"
-  expect_fail "a new client checking the OLD CA" size "$CERT_OLD"
-  expect_eq "$(size "$PSK_NEW")" 67108864 "a new client with the NEW pre-shared key"
-  expect_fail "a new client with the OLD pre-shared key" size "$PSK_OLD"
-  grep -q 'TLS handshake failed: wrong pre-shared key for PSK identity "alice"' "$TMP/server.log" \
-    || fail "the old key's refusal was not logged"
-  load_moves "after the new clients"
+cp "$T/server2/"* "$D/"
+cp "$T/new.psk" "$P"
+reload "new certificate, CA and PSK" good
+load_moves "after the rotation"
+expect_eq "$(size "$CERT_NEW")" 67108864 "a new client checking the NEW CA"
+expect_fail "a new client checking the OLD CA" size "$CERT_OLD"
+expect_eq "$(size "$PSK_NEW")" 67108864 "a new client with the NEW pre-shared key"
+expect_fail "a new client with the OLD pre-shared key" size "$PSK_OLD"
+grep -q 'TLS handshake failed: wrong pre-shared key for PSK identity "alice"' "$TMP/server.log" \
+  || fail "the old key's refusal was not logged"
+load_moves "after the new clients"
 
-  echo "# bad files: logged, old credentials kept"
-  cp "$D/server-cert.pem" "$TMP/good-cert.pem"
-  echo junk >"$D/server-cert.pem"
-  reload "garbage certificate" bad "error: --tls-certificates: $D/server-cert.pem: .*(PEM|no start line)"
-  expect_eq "$(size "$CERT_NEW")" 67108864 "certificate kept after the garbage one"
-  expect_eq "$(size "$PSK_NEW")" 67108864 "PSK kept after the garbage certificate"
+echo "# bad files: logged, old credentials kept"
+cp "$D/server-cert.pem" "$TMP/good-cert.pem"
+echo junk >"$D/server-cert.pem"
+reload "garbage certificate" bad "error: --tls-certificates: $D/server-cert.pem: .*(PEM|no start line)"
+expect_eq "$(size "$CERT_NEW")" 67108864 "certificate kept after the garbage one"
+expect_eq "$(size "$PSK_NEW")" 67108864 "PSK kept after the garbage certificate"
 
-  cp "$T/server/server-cert.pem" "$D/server-cert.pem"     # the old certificate, the new key
-  reload "certificate rotated before its key" bad "$D/server-key.pem does not match server-cert.pem"
-  expect_eq "$(size "$CERT_NEW")" 67108864 "certificate kept after the mismatch"
-  cp "$TMP/good-cert.pem" "$D/server-cert.pem"
+cp "$T/server/server-cert.pem" "$D/server-cert.pem"     # the old certificate, the new key
+reload "certificate rotated before its key" bad "$D/server-key.pem does not match server-cert.pem"
+expect_eq "$(size "$CERT_NEW")" 67108864 "certificate kept after the mismatch"
+cp "$TMP/good-cert.pem" "$D/server-cert.pem"
 
-  printf 'alice:not-hex!\n' >"$P"
-  reload "PSK file with a bad line" bad "error: --tls-psk: $P:1: key for \"alice\" (is not hex|must be)"
-  expect_eq "$(size "$PSK_NEW")" 67108864 "PSK kept after the bad PSK file"
-  expect_fail "the old pre-shared key is still refused" size "$PSK_OLD"
-  rm "$P"
-  reload "PSK file removed" bad "error: --tls-psk: cannot open $P"
-  expect_eq "$(size "$PSK_NEW")" 67108864 "PSK kept after the PSK file went away"
-  cp "$T/new.psk" "$P"
-  reload "good files again" good
-  expect_eq "$(size "$PSK_NEW")" 67108864 "new PSK after the good reload"
-  load_moves "after the bad files"
+printf 'alice:not-hex!\n' >"$P"
+reload "PSK file with a bad line" bad "error: --tls-psk: $P:1: key for \"alice\" (is not hex|must be)"
+expect_eq "$(size "$PSK_NEW")" 67108864 "PSK kept after the bad PSK file"
+expect_fail "the old pre-shared key is still refused" size "$PSK_OLD"
+rm "$P"
+reload "PSK file removed" bad "error: --tls-psk: cannot open $P"
+expect_eq "$(size "$PSK_NEW")" 67108864 "PSK kept after the PSK file went away"
+cp "$T/new.psk" "$P"
+reload "good files again" good
+expect_eq "$(size "$PSK_NEW")" 67108864 "new PSK after the good reload"
+load_moves "after the bad files"
 
-  # Handshakes starting on shard threads while the main thread swaps the
-  # context: every one must find a whole context (a sanitizer build catches
-  # a context freed under a starting session).
-  storm=()
-  for i in $(seq 20); do size "$PSK_NEW" >"$TMP/storm.$i" 2>&1 & storm+=($!); done
-  for _ in $(seq 20); do kill -HUP "$SERVER_PID"; done
-  for i in $(seq 20); do
-    wait "${storm[i-1]}" && [ "$(cat "$TMP/storm.$i")" = 67108864 ] \
-      || { cat "$TMP/storm.$i"; fail "client $i during the SIGHUPs"; }
+# Handshakes starting on shard threads while the main thread swaps the
+# context: every one must find a whole context (a sanitizer build catches
+# a context freed under a starting session).
+storm=()
+for i in $(seq 20); do size "$PSK_NEW" >"$TMP/storm.$i" 2>&1 & storm+=($!); done
+for _ in $(seq 20); do kill -HUP "$SERVER_PID"; done
+for i in $(seq 20); do
+  wait "${storm[i-1]}" && [ "$(cat "$TMP/storm.$i")" = 67108864 ] \
+    || { cat "$TMP/storm.$i"; fail "client $i during the SIGHUPs"; }
 done
 ok "20 new clients during 20 SIGHUPs all served"
 check_alive
 load_moves "after the SIGHUPs"
 stop_loads
 stop_server
-done
 
 echo "# --tls-verify-peer: a CRL and a new client CA, under load"
 : >"$TMP/server.log"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The default TLS send path (--tls-seal=openssl) collects OpenSSL's records
+# The TLS send path collects OpenSSL's records
 # in a buffer of its own and sends several per send(2).  Checked here:
 # - multi-MiB replies queued against a reader with a tiny receive window
 #   that pauses arrive intact, with KeyUpdate requests from the client in

@@ -10,7 +10,6 @@
 # next key (which only a completed KeyUpdate makes the server expect) is
 # answered too.  Records after the handshake are sealed by
 # tests/helpers/tls13.py, in sequence behind what Python's ssl wrote.
-# For the default path (OpenSSL seals) and for --tls-seal=blkd.
 import os
 import sys
 import time
@@ -38,12 +37,9 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])
 
 
-def split_key_update(seal, split, extra=()):
-    print("# KeyUpdate split after byte %d of 5, replies queued (%s seals) %s"
-          % (split, seal, " ".join(extra)))
+def split_key_update(split, extra=()):
+    print("# KeyUpdate split after byte %d of 5, replies queued %s" % (split, " ".join(extra)))
     opts = ["--tls=require", "--tls-certificates", os.path.join(T, "server")] + list(extra)
-    if seal == "blkd":
-        opts.append("--tls-seal=blkd")
     srv = Server(["memory", "size=16M"], opts=opts)
     c = RawClient(srv)
     c.start()
@@ -52,7 +48,7 @@ def split_key_update(seal, split, extra=()):
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.load_verify_locations(os.path.join(T, "client-ca", "ca-cert.pem"))
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    c.sock = BioClient(c.sock, ctx, os.path.join(TMP, "keylog-%s" % seal))
+    c.sock = BioClient(c.sock, ctx, os.path.join(TMP, "keylog-%d" % split))
     rtype, _ = c.go()
     check_eq(rtype, NBD_REP_ACK, "GO over TLS")
     # Known data to read back.
@@ -94,7 +90,7 @@ def split_key_update(seal, split, extra=()):
         check(got.get(100 + i) == pattern[i * BS:(i + 1) * BS],
               "queued READ %d answered with its data" % i)
     check(got.get(999) == pattern[:BS], "READ sealed under the client's updated key answered")
-    ok("%s seals, split at %d: all %d replies" % (seal, split, NREQ + 1))
+    ok("split at %d: all %d replies" % (split, NREQ + 1))
     c.close()
     srv.check_alive()
     srv.stop()
@@ -103,9 +99,8 @@ def split_key_update(seal, split, extra=()):
 # Inside the message header, and after the whole header with the body
 # missing: OpenSSL 3.0 writes on in the first case and asks for input in
 # the second.
-for seal in ("OpenSSL", "blkd"):
-    for split in (2, 4):
-        split_key_update(seal, split)
+for split in (2, 4):
+    split_key_update(split)
 # Reading paused with the message half read (the requests in flight at
 # the limit): the rest must still be read, and the replies sent.
-split_key_update("OpenSSL", 4, ["--max-inflight", "4"])
+split_key_update(4, ["--max-inflight", "4"])
