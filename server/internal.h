@@ -302,11 +302,16 @@ struct protocol_header {
  * when the magic is not that of the negotiated form (extended or compact). */
 ssize_t protocol_parse_header (bool extended, const uint8_t *in, size_t avail,
                                struct protocol_header *h);
-/* Extended headers: what NBD_CMD_FLAG_PAYLOAD_LEN says follows r's header.
- * 0: nothing, or a WRITE's payload (the flag is cleared; a WRITE without
- * it is taken as one too); an errno: answer with it once *payload bytes
- * are read past; -1: a payload too big to read past: close. */
-int protocol_ext_payload (const struct conn *c, struct request *r, uint64_t *payload);
+/* Extended headers: what NBD_CMD_FLAG_PAYLOAD_LEN says follows r's header
+ * (*payload bytes of it). */
+enum ext_payload {
+  EXT_PAYLOAD_NONE,               /* nothing, or a WRITE's payload (the flag is
+                                     cleared; a WRITE without it is one too) */
+  EXT_PAYLOAD_REFUSE,             /* a payload no command takes: read past, EINVAL */
+  EXT_PAYLOAD_CLOSE,              /* too big to read past: close the connection */
+};
+enum ext_payload protocol_ext_payload (const struct conn *c, struct request *r,
+                                       uint64_t *payload);
 /* Validate a parsed header; 0 or the errno to answer with. */
 int protocol_validate (struct conn *c, const struct request *r);
 /* Run the plugin call for r (shard thread or worker). */

@@ -743,13 +743,13 @@ ext_payload_ceiling (const struct conn *c)
   return max > (UINT64_C (1) << 25) ? max : UINT64_C (1) << 25;
 }
 
-int
+enum ext_payload
 protocol_ext_payload (const struct conn *c, struct request *r, uint64_t *payload)
 {
   *payload = 0;
   if (!(r->flags & NBD_CMD_FLAG_PAYLOAD_LEN)) {
     if (r->type != NBD_CMD_WRITE)
-      return 0;
+      return EXT_PAYLOAD_NONE;
     /* proto.md says WRITE MUST set the flag, but qemu's client (10.0)
      * does not, and a WRITE's length can only be its payload: take it
      * as one, as qemu-nbd does.  The ceiling below still applies. */
@@ -757,18 +757,18 @@ protocol_ext_payload (const struct conn *c, struct request *r, uint64_t *payload
   if (r->count > ext_payload_ceiling (c)) {
     log_error ("%s: payload of %llu bytes is over the limit; closing",
                nbd_cmd_name (r->type), (unsigned long long) r->count);
-    return -1;
+    return EXT_PAYLOAD_CLOSE;
   }
   *payload = r->count;
   if (r->type == NBD_CMD_WRITE) {
     r->flags &= ~NBD_CMD_FLAG_PAYLOAD_LEN;   /* said what WRITE always means */
-    return 0;
+    return EXT_PAYLOAD_NONE;
   }
   /* No other command takes a payload here (we do not offer
    * NBD_FLAG_BLOCK_STATUS_PAYLOAD): read past it, then EINVAL. */
   log_debug ("%s: unexpected payload of %llu bytes", nbd_cmd_name (r->type),
              (unsigned long long) r->count);
-  return EINVAL;
+  return EXT_PAYLOAD_REFUSE;
 }
 
 unsigned
@@ -959,15 +959,15 @@ protocol_consume (struct conn *c)
       return 0;
     }
     uint64_t payload = 0;
-    int err = c->extended ? protocol_ext_payload (c, r, &payload) : 0;
-    if (err == -1) {
+    enum ext_payload ep = c->extended ? protocol_ext_payload (c, r, &payload)
+                                      : EXT_PAYLOAD_NONE;
+    if (ep == EXT_PAYLOAD_CLOSE) {
       request_put (c->shard->pool, r);
       c->inflight--;
       return -1;
     }
     delayacct_parsed (c, r);
-    if (!err)
-      err = protocol_validate (c, r);
+    int err = ep == EXT_PAYLOAD_REFUSE ? EINVAL : protocol_validate (c, r);
     if (err) {
       if (r->type == NBD_CMD_WRITE)
         c->discard_left = r->count;  /* keep in step with the stream */

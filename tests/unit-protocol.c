@@ -221,14 +221,14 @@ test_parse_headers (void)
   unit_end (before);
 }
 
-static int
+static enum ext_payload
 ext_payload (struct conn *c, uint16_t type, uint16_t flags, uint64_t length, uint64_t *payload,
              uint16_t *flags_after)
 {
   struct request r = { .conn = c, .type = type, .flags = flags, .count = length };
-  int err = protocol_ext_payload (c, &r, payload);
+  enum ext_payload ep = protocol_ext_payload (c, &r, payload);
   *flags_after = r.flags;
-  return err;
+  return ep;
 }
 
 static void
@@ -241,26 +241,31 @@ test_payload_len (void)
   uint16_t f;
   /* WRITE carries the flag; it is taken off before validation. */
   CHECK_INT (ext_payload (c, NBD_CMD_WRITE, NBD_CMD_FLAG_PAYLOAD_LEN | NBD_CMD_FLAG_FUA,
-                          4096, &pl, &f), 0);
+                          4096, &pl, &f), EXT_PAYLOAD_NONE);
   CHECK_INT (pl, 4096);
   CHECK_INT (f, NBD_CMD_FLAG_FUA);
   /* WRITE without it (qemu 10's client): the length is still its payload. */
-  CHECK_INT (ext_payload (c, NBD_CMD_WRITE, 0, 4096, &pl, &f), 0);
+  CHECK_INT (ext_payload (c, NBD_CMD_WRITE, 0, 4096, &pl, &f), EXT_PAYLOAD_NONE);
   CHECK_INT (pl, 4096);
-  CHECK_INT (ext_payload (c, NBD_CMD_WRITE, 0, UINT64_C (1) << 40, &pl, &f), -1);
+  CHECK_INT (ext_payload (c, NBD_CMD_WRITE, 0, UINT64_C (1) << 40, &pl, &f),
+             EXT_PAYLOAD_CLOSE);
   /* A payload on a command that takes none: read past it, EINVAL. */
-  CHECK_INT (ext_payload (c, NBD_CMD_TRIM, NBD_CMD_FLAG_PAYLOAD_LEN, 100, &pl, &f), EINVAL);
+  CHECK_INT (ext_payload (c, NBD_CMD_TRIM, NBD_CMD_FLAG_PAYLOAD_LEN, 100, &pl, &f),
+             EXT_PAYLOAD_REFUSE);
   CHECK_INT (pl, 100);
   CHECK_INT (ext_payload (c, NBD_CMD_BLOCK_STATUS, NBD_CMD_FLAG_PAYLOAD_LEN, 8, &pl, &f),
-             EINVAL);
+             EXT_PAYLOAD_REFUSE);
   /* Absurd payloads: over the limit (never less than 32 MiB) closes. */
   cfg.max_request = MiB;
-  CHECK_INT (ext_payload (c, NBD_CMD_WRITE, NBD_CMD_FLAG_PAYLOAD_LEN, 32 * MiB, &pl, &f), 0);
+  CHECK_INT (ext_payload (c, NBD_CMD_WRITE, NBD_CMD_FLAG_PAYLOAD_LEN, 32 * MiB, &pl, &f),
+             EXT_PAYLOAD_NONE);
   CHECK_INT (ext_payload (c, NBD_CMD_WRITE, NBD_CMD_FLAG_PAYLOAD_LEN, 32 * MiB + 1, &pl, &f),
-             -1);
-  CHECK_INT (ext_payload (c, NBD_CMD_READ, NBD_CMD_FLAG_PAYLOAD_LEN, UINT64_MAX, &pl, &f), -1);
+             EXT_PAYLOAD_CLOSE);
+  CHECK_INT (ext_payload (c, NBD_CMD_READ, NBD_CMD_FLAG_PAYLOAD_LEN, UINT64_MAX, &pl, &f),
+             EXT_PAYLOAD_CLOSE);
   /* No flag: the length is an effect length, nothing follows. */
-  CHECK_INT (ext_payload (c, NBD_CMD_TRIM, 0, UINT64_C (1) << 40, &pl, &f), 0);
+  CHECK_INT (ext_payload (c, NBD_CMD_TRIM, 0, UINT64_C (1) << 40, &pl, &f),
+             EXT_PAYLOAD_NONE);
   CHECK_INT (pl, 0);
   unit_end (before);
 }
