@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "blkperf.h"
+#include "nbd-proto.h"
 
 /* Why not libnbd's own aio loop: libnbd sends each request with its own
  * send() as it is issued, reads every reply in three or four recv() calls
@@ -20,19 +21,6 @@
  * straight into its request's buffer.  libnbd still does what it is good
  * at and what a benchmark must not get wrong: URI parsing, the handshake,
  * option negotiation, and TLS (TLS connections stay on libnbd's path). */
-
-#define NBD_REQUEST_MAGIC 0x25609513u
-#define NBD_SIMPLE_REPLY_MAGIC 0x67446698u
-#define NBD_STRUCTURED_REPLY_MAGIC 0x668e33efu
-#define NBD_CMD_READ 0
-#define NBD_CMD_WRITE 1
-#define NBD_CMD_DISC 2
-#define NBD_CMD_TRIM 4
-#define NBD_REPLY_FLAG_DONE 1
-#define NBD_REPLY_TYPE_NONE 0
-#define NBD_REPLY_TYPE_OFFSET_DATA 1
-#define NBD_REPLY_TYPE_OFFSET_HOLE 2
-#define NBD_REPLY_TYPE_ERROR_BIT 0x8000
 
 #define BP_WIRE_RXBUF (256u << 10)
 /* Payloads at least this big are received straight into the request's

@@ -76,18 +76,11 @@ plugin_path (void)
   const char *env = getenv ("BLKD_FUZZ_PLUGIN");
   if (env)
     return strdup (env);
-  /* The sanitized ram plugin is built next to the harness. */
-  char exe[PATH_MAX];
-  ssize_t n = readlink ("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0)
-    return NULL;
-  exe[n] = '\0';
-  char *slash = strrchr (exe, '/');
-  if (slash)
-    *slash = '\0';
+  char *dir = layer_exe_dir ();
   char *p = NULL;
-  if (asprintf (&p, "%s/nbdkit-ram-plugin.so", exe) < 0)
+  if (dir && asprintf (&p, "%s/nbdkit-ram-plugin.so", dir) < 0)
     p = NULL;
+  free (dir);
   return p;
 }
 

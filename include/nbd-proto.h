@@ -107,8 +107,9 @@ nbd_cmd_name (uint32_t type)
 #define NBD_REPLY_TYPE_OFFSET_HOLE    2
 #define NBD_REPLY_TYPE_BLOCK_STATUS   5
 #define NBD_REPLY_TYPE_BLOCK_STATUS_EXT 6  /* extended headers: 64-bit extents */
-#define NBD_REPLY_TYPE_ERROR          ((1u << 15) + 1)
-#define NBD_REPLY_TYPE_ERROR_OFFSET   ((1u << 15) + 2)
+#define NBD_REPLY_TYPE_ERROR_BIT      (1u << 15)  /* set in every error chunk type */
+#define NBD_REPLY_TYPE_ERROR          (NBD_REPLY_TYPE_ERROR_BIT + 1)
+#define NBD_REPLY_TYPE_ERROR_OFFSET   (NBD_REPLY_TYPE_ERROR_BIT + 2)
 
 /* base:allocation states (the same bits as nbdkit's extent types). */
 #define NBD_STATE_HOLE  (1u << 0)

@@ -142,6 +142,12 @@ void backend_buffers_free (void);
 char *layer_find_so (const char *name, const char *kind, const char *tree_dir,
                      const char *blkd_dir, const char *nbdkit_dir);
 bool layer_valid_name (const char *name);
+/* Finds a plugin's or filter's .so and loads it: its plugin_init or
+ * filter_init (for the caller to call through its own type), or NULL
+ * after printing why.  *filename (malloc'd) and *dl are set as far as it
+ * got, also on failure, for the caller to free and unload. */
+enum layer_kind { LAYER_PLUGIN, LAYER_FILTER };
+void *layer_load (enum layer_kind kind, const char *name, char **filename, void **dl);
 
 /* The layer constructors (stack.c calls them): each returns the new layer
  * on top of `next`. */

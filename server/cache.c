@@ -62,6 +62,7 @@
 
 #include "backend.h"
 #include "cache.h"
+#include "vector.h"
 
 #define CACHE_STRIPES   64
 #define SLAB_BYTES      (1024 * 1024)   /* data per slab, at least one block */
@@ -697,8 +698,8 @@ cache_do_prefetch (struct blk_cache *C, struct context *n, uint32_t count, uint6
 static uint64_t *
 cached_blocks_in (struct blk_cache *C, uint64_t first, uint64_t last, size_t *n)
 {
-  size_t cap = 64, len = 0;
-  uint64_t *v = malloc (cap * sizeof *v);
+  size_t cap = 0, len = 0;
+  uint64_t *v = vec_grow (NULL, &cap, 1, sizeof *v, 64);
   if (!v)
     return NULL;
   for (unsigned i = 0; i < C->nstripes; i++) {
@@ -708,16 +709,13 @@ cached_blocks_in (struct blk_cache *C, uint64_t first, uint64_t last, size_t *n)
     if (e)
       do {
         if (e->blk >= first && e->blk <= last) {
-          if (len == cap) {
-            uint64_t *nv = realloc (v, 2 * cap * sizeof *v);
-            if (!nv) {
-              pthread_mutex_unlock (&s->lock);
-              free (v);
-              return NULL;
-            }
-            v = nv;
-            cap *= 2;
+          uint64_t *nv = vec_grow (v, &cap, len + 1, sizeof *v, 64);
+          if (!nv) {
+            pthread_mutex_unlock (&s->lock);
+            free (v);
+            return NULL;
           }
+          v = nv;
           v[len++] = e->blk;
         }
         e = e->cnext;
@@ -1446,21 +1444,78 @@ cache_close (struct context *c)
 }
 
 /* What the cache does not change: the layer below answers. */
-#define BELOW(ret, op) \
-  static ret cache_##op (struct context *c) { return backend_##op (c->c_next); }
-BELOW (const char *, export_description)
-BELOW (int64_t, get_size)
-BELOW (int, can_write)
-BELOW (int, can_flush)
-BELOW (int, is_rotational)
-BELOW (int, can_trim)
-BELOW (int, can_zero)
-BELOW (int, can_fast_zero)
-BELOW (int, can_extents)
-BELOW (int, can_fua)
-BELOW (int, can_multi_conn)
-BELOW (int, can_cache)
-#undef BELOW
+
+static const char *
+cache_export_description (struct context *c)
+{
+  return backend_export_description (c->c_next);
+}
+
+static int64_t
+cache_get_size (struct context *c)
+{
+  return backend_get_size (c->c_next);
+}
+
+static int
+cache_can_write (struct context *c)
+{
+  return backend_can_write (c->c_next);
+}
+
+static int
+cache_can_flush (struct context *c)
+{
+  return backend_can_flush (c->c_next);
+}
+
+static int
+cache_is_rotational (struct context *c)
+{
+  return backend_is_rotational (c->c_next);
+}
+
+static int
+cache_can_trim (struct context *c)
+{
+  return backend_can_trim (c->c_next);
+}
+
+static int
+cache_can_zero (struct context *c)
+{
+  return backend_can_zero (c->c_next);
+}
+
+static int
+cache_can_fast_zero (struct context *c)
+{
+  return backend_can_fast_zero (c->c_next);
+}
+
+static int
+cache_can_extents (struct context *c)
+{
+  return backend_can_extents (c->c_next);
+}
+
+static int
+cache_can_fua (struct context *c)
+{
+  return backend_can_fua (c->c_next);
+}
+
+static int
+cache_can_multi_conn (struct context *c)
+{
+  return backend_can_multi_conn (c->c_next);
+}
+
+static int
+cache_can_cache (struct context *c)
+{
+  return backend_can_cache (c->c_next);
+}
 
 static int
 cache_block_size (struct context *c, uint32_t *min, uint32_t *pref, uint32_t *max)

@@ -528,26 +528,10 @@ filter_layer_load (struct backend *next, const char *name)
   struct backend *b = &fl->b;
   b->next = next;
   b->i = next->i + 1;
-  b->filename = layer_find_so (name, "filter", "filters", BLKD_FILTERDIR,
-                                 NBDKIT_FILTERDIR);
-  if (!b->filename) {
-    fprintf (stderr, "blkd: filter '%s' not found (looked in the tree, %s and %s)\n",
-             name, BLKD_FILTERDIR, NBDKIT_FILTERDIR);
+  const struct nbdkit_filter *(*init) (void) = layer_load (LAYER_FILTER, name, &b->filename,
+                                                          &fl->dl);
+  if (!init)
     goto fail;
-  }
-  /* RTLD_NOW, as for plugins: a filter needing a function blkd lacks
-   * fails here with the symbol's name. */
-  fl->dl = dlopen (b->filename, RTLD_NOW | RTLD_GLOBAL);
-  if (!fl->dl) {
-    fprintf (stderr, "blkd: cannot load filter %s: %s\n", b->filename, dlerror ());
-    goto fail;
-  }
-  struct nbdkit_filter *(*init) (void) =
-    (struct nbdkit_filter *(*) (void)) dlsym (fl->dl, "filter_init");
-  if (!init) {
-    fprintf (stderr, "blkd: %s is not an nbdkit filter (no filter_init)\n", b->filename);
-    goto fail;
-  }
   const struct nbdkit_filter *theirs = init ();
   if (!theirs) {
     fprintf (stderr, "blkd: %s: filter_init returned NULL\n", b->filename);

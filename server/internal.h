@@ -158,6 +158,10 @@ int backend_stack_after_fork (void);
 void backend_stack_unload (void);
 int plugin_help (const char *name);   /* PLUGIN --help: nbdkit's plugin usage */
 const char *plugin_name (void);
+/* The running executable's directory (layerpath.c), where an uninstalled
+ * ./blkd finds the in-tree plugins and filters; malloc'd, NULL if
+ * /proc/self/exe cannot be read. */
+char *layer_exe_dir (void);
 int backend_thread_model (void);  /* the strictest of all layers */
 bool backend_inline_safe (void);  /* every layer fast enough for the shard thread */
 

@@ -1,6 +1,8 @@
 /* Where the layers' shared objects come from: a plugin's or filter's name
- * checked, and resolved to nbdkit-NAME-KIND.so in the tree next to the
- * running binary, blkd's directory or nbdkit's. */
+ * checked, resolved to nbdkit-NAME-KIND.so in the tree next to the
+ * running binary, blkd's directory or nbdkit's, loaded, and its init
+ * function called. */
+#include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,10 +11,8 @@
 
 #include "backend.h"
 
-/* Directory of the running executable, so an uninstalled ./blkd finds the
- * in-tree plugins and filters next to it. */
-static char *
-exe_dir (void)
+char *
+layer_exe_dir (void)
 {
   char buf[PATH_MAX];
   ssize_t n = readlink ("/proc/self/exe", buf, sizeof buf - 1);
@@ -50,7 +50,7 @@ layer_find_so (const char *name, const char *kind, const char *tree_dir,
     char *resolved = realpath (name, NULL);
     return resolved ? resolved : strdup (name);
   }
-  char *exe = exe_dir ();
+  char *exe = layer_exe_dir ();
   char *path = NULL;
   for (int i = 0; i < 3; i++) {
     int r;
@@ -70,4 +70,34 @@ layer_find_so (const char *name, const char *kind, const char *tree_dir,
   }
   free (exe);
   return path;
+}
+
+void *
+layer_load (enum layer_kind kind, const char *name, char **filename, void **dl)
+{
+  const char *what = kind == LAYER_PLUGIN ? "plugin" : "filter";
+  const char *blkd_dir = kind == LAYER_PLUGIN ? BLKD_PLUGINDIR : BLKD_FILTERDIR;
+  const char *nbdkit_dir = kind == LAYER_PLUGIN ? NBDKIT_PLUGINDIR : NBDKIT_FILTERDIR;
+
+  *dl = NULL;
+  *filename = layer_find_so (name, what, kind == LAYER_PLUGIN ? "plugins" : "filters",
+                             blkd_dir, nbdkit_dir);
+  if (!*filename) {
+    fprintf (stderr, "blkd: %s '%s' not found (looked in the tree, %s and %s)\n",
+             what, name, blkd_dir, nbdkit_dir);
+    return NULL;
+  }
+  /* RTLD_NOW: a layer importing a function blkd lacks must fail here,
+   * naming it, not crash on its first call (the imports are lazy
+   * JUMP_SLOTs). */
+  *dl = dlopen (*filename, RTLD_NOW | RTLD_GLOBAL);
+  if (!*dl) {
+    fprintf (stderr, "blkd: cannot load %s %s: %s\n", what, *filename, dlerror ());
+    return NULL;
+  }
+  const char *sym = kind == LAYER_PLUGIN ? "plugin_init" : "filter_init";
+  void *init = dlsym (*dl, sym);
+  if (!init)
+    fprintf (stderr, "blkd: %s is not an nbdkit %s (no %s)\n", *filename, what, sym);
+  return init;
 }

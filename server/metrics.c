@@ -17,6 +17,7 @@
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -97,6 +98,37 @@ scalar (struct evbuffer *b, const char *name, const char *type, const char *help
 {
   head (b, name, type, help);
   evbuffer_add_printf (b, "%s %" PRIu64 "\n", name, v);
+}
+
+/* The cache's counters, listed once for both endpoints: the key in
+ * /stats's "cache" object, and on /metrics blkd_cache_KEY (with _total
+ * for a counter). */
+static const struct cache_counter {
+  const char *key;
+  const char *type;                 /* "counter" or "gauge" */
+  const char *help;
+  size_t off;                       /* the uint64_t in struct cache_totals */
+} cache_counters[] = {
+#define CC(key, type, help) { #key, type, help, offsetof (struct cache_totals, key) }
+  CC (hits, "counter", "Block cache lookups that found the block."),
+  CC (misses, "counter", "Block cache lookups that read the plugin."),
+  CC (evictions, "counter", "Blocks evicted to make room."),
+  CC (writebacks, "counter", "Dirty blocks written to the plugin."),
+  CC (dirty_bytes, "gauge", "Bytes in dirty blocks (writeback)."),
+  CC (entries, "gauge", "Blocks held."),
+  CC (bytes, "gauge", "Memory of the cache's slabs."),
+  CC (capacity_bytes, "gauge", "Bound on the blocks held (--cache)."),
+  CC (instances, "gauge", "Cache instances: one per export for multi-conn plugins, else one "
+      "per connection."),
+#undef CC
+};
+
+static uint64_t
+cache_value (const struct cache_totals *t, const struct cache_counter *k)
+{
+  uint64_t v;
+  memcpy (&v, (const char *) t + k->off, sizeof v);
+  return v;
 }
 
 /* Every endpoint builds its body in a fresh buffer and sends it whole. */
@@ -209,25 +241,13 @@ on_metrics (struct evhttp_request *req, void *arg)
   if (cfg.cache_size) {
     struct cache_totals c;
     cache_totals (&c);
-    scalar (b, "blkd_cache_hits_total", "counter",
-            "Block cache lookups that found the block.", c.hits);
-    scalar (b, "blkd_cache_misses_total", "counter",
-            "Block cache lookups that read the plugin.", c.misses);
-    scalar (b, "blkd_cache_evictions_total", "counter",
-            "Blocks evicted to make room.", c.evictions);
-    scalar (b, "blkd_cache_writebacks_total", "counter",
-            "Dirty blocks written to the plugin.", c.writebacks);
-    scalar (b, "blkd_cache_dirty_bytes", "gauge",
-            "Bytes in dirty blocks (writeback).", c.dirty_bytes);
-    scalar (b, "blkd_cache_entries", "gauge",
-            "Blocks held.", c.entries);
-    scalar (b, "blkd_cache_bytes", "gauge",
-            "Memory of the cache's slabs.", c.bytes);
-    scalar (b, "blkd_cache_capacity_bytes", "gauge",
-            "Bound on the blocks held (--cache).", c.capacity_bytes);
-    scalar (b, "blkd_cache_instances", "gauge",
-            "Cache instances: one per export for multi-conn plugins, else one per "
-            "connection.", c.instances);
+    for (size_t i = 0; i < sizeof cache_counters / sizeof cache_counters[0]; i++) {
+      const struct cache_counter *k = &cache_counters[i];
+      char name[64];
+      snprintf (name, sizeof name, "blkd_cache_%s%s", k->key,
+                strcmp (k->type, "counter") == 0 ? "_total" : "");
+      scalar (b, name, k->type, k->help, cache_value (&c, k));
+    }
   }
 
   struct plugin_lend_stats ls;
@@ -347,15 +367,13 @@ on_stats (struct evhttp_request *req, void *arg)
     struct cache_totals c;
     cache_totals (&c);
     evbuffer_add_printf (b, "\"cache\":{\"mode\":\"%s\",\"ctor\":%s,\"block\":%" PRIu64
-                         ",\"stripes\":%" PRIu64 ",\"hits\":%" PRIu64 ",\"misses\":%" PRIu64
-                         ",\"evictions\":%" PRIu64 ",\"writebacks\":%" PRIu64
-                         ",\"dirty_bytes\":%" PRIu64 ",\"entries\":%" PRIu64
-                         ",\"bytes\":%" PRIu64 ",\"capacity_bytes\":%" PRIu64
-                         ",\"instances\":%" PRIu64 "},",
+                         ",\"stripes\":%" PRIu64,
                          cfg.cache_mode == CACHE_WRITEBACK ? "writeback" : "writethrough",
-                         cfg.cache_ctor ? "true" : "false", c.block, c.stripes, c.hits,
-                         c.misses, c.evictions, c.writebacks, c.dirty_bytes, c.entries,
-                         c.bytes, c.capacity_bytes, c.instances);
+                         cfg.cache_ctor ? "true" : "false", c.block, c.stripes);
+    for (size_t i = 0; i < sizeof cache_counters / sizeof cache_counters[0]; i++)
+      evbuffer_add_printf (b, ",\"%s\":%" PRIu64, cache_counters[i].key,
+                           cache_value (&c, &cache_counters[i]));
+    evbuffer_add_printf (b, "},");
   }
   else
     evbuffer_add_printf (b, "\"cache\":null,");

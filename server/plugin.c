@@ -47,27 +47,11 @@ const char *plugin_name (void) { return p.name; }
 static int
 plugin_open_dl (const char *name)
 {
-  layer.filename = layer_find_so (name, "plugin", "plugins", BLKD_PLUGINDIR,
-                                    NBDKIT_PLUGINDIR);
-  if (!layer.filename) {
-    fprintf (stderr, "blkd: plugin '%s' not found (looked in the tree, %s and %s)\n",
-             name, BLKD_PLUGINDIR, NBDKIT_PLUGINDIR);
+  struct nbdkit_plugin *(*init) (void) = layer_load (LAYER_PLUGIN, name, &layer.filename, &dl);
+  if (!init)
     return -1;
-  }
   const char *path = layer.filename;
-  /* RTLD_NOW: a plugin importing a function we lack must fail here, not
-   * crash on its first call (the imports are lazy JUMP_SLOTs). */
-  dl = dlopen (path, RTLD_NOW | RTLD_GLOBAL);
-  if (!dl) {
-    fprintf (stderr, "blkd: cannot load plugin %s: %s\n", path, dlerror ());
-    return -1;
-  }
-  struct nbdkit_plugin *(*init) (void) = (struct nbdkit_plugin *(*) (void)) dlsym (dl, "plugin_init");
-  if (!init) {
-    fprintf (stderr, "blkd: %s is not an nbdkit plugin (no plugin_init)\n", path);
-    return -1;
-  }
-  struct nbdkit_plugin *theirs = init ();
+  const struct nbdkit_plugin *theirs = init ();
   if (!theirs) {
     fprintf (stderr, "blkd: %s: plugin_init returned NULL\n", path);
     return -1;
@@ -585,10 +569,13 @@ plugin_pread_lend (struct context *c, uint32_t count, uint64_t offset, uint32_t 
   return 0;
 }
 
+/* n is 0 only when a lend that covered nothing is taken back: the plugin
+ * holds no token for it, but the bytes were counted. */
 static void
 plugin_lend_release (struct backend *b, void *const *token, unsigned n, uint32_t bytes)
 {
-  ext->lend_release (token, n);
+  if (n)
+    ext->lend_release (token, n);
   atomic_fetch_sub (&lend_stats.lent_bytes, bytes);
 }
 

@@ -327,13 +327,43 @@ top_pread (struct conn *c, void *buf, uint32_t count, uint64_t offset)
   return backend_pread (c->pc.top, buf, count, offset, 0, &err) == -1 ? err : 0;
 }
 
-static inline int
-top_extents (struct conn *c, uint32_t count, uint64_t offset, bool req_one,
-             struct nbdkit_extents *e)
+/* The extents of [offset, offset+count) from the top of the stack, in a
+ * list whose window runs to `window_end`: 0 and *out, or an errno. */
+static int
+top_extents (struct conn *c, uint32_t count, uint64_t offset, uint64_t window_end,
+             bool req_one, struct nbdkit_extents **out)
 {
   int err = 0;
-  return backend_extents (c->pc.top, count, offset, req_one ? NBDKIT_FLAG_REQ_ONE : 0,
-                          e, &err) == -1 ? err : 0;
+  struct nbdkit_extents *e = public_extents_new (offset, window_end);
+  if (!e)
+    return ENOMEM;
+  if (backend_extents (c->pc.top, count, offset, req_one ? NBDKIT_FLAG_REQ_ONE : 0,
+                       e, &err) == -1) {
+    public_extents_free (e);
+    return err;
+  }
+  *out = e;
+  return 0;
+}
+
+/* Walks the extents from index *i on: the next one that reaches past
+ * pos, clipped to end, as its end (*xend) and type.  False when none is
+ * left before end. */
+static bool
+next_extent (const struct nbdkit_extents *e, size_t *i, uint64_t pos, uint64_t end,
+             uint64_t *xend, uint32_t *type)
+{
+  for (; *i < e->len && pos < end; (*i)++) {
+    const struct public_extent *x = &e->v[*i];
+    uint64_t xe = MIN (x->offset + x->length, end);
+    if (xe > pos) {
+      *xend = xe;
+      *type = x->type;
+      (*i)++;
+      return true;
+    }
+  }
+  return false;
 }
 
 /* Split a structured read into data and hole pieces using the plugin's
@@ -347,20 +377,14 @@ plan_sparse_read (struct request *r, struct read_piece *pc)
   uint64_t end = r->offset + r->count;
   unsigned n = 0;
 
-  struct nbdkit_extents *e = public_extents_new (r->offset, end);
-  if (!e)
-    return 0;
-  if (top_extents (c, r->count, r->offset, false, e) != 0) {
-    public_extents_free (e);
+  struct nbdkit_extents *e = NULL;
+  if (top_extents (c, r->count, r->offset, end, false, &e) != 0)
     return 0;                       /* only an optimisation: read it all */
-  }
-  uint64_t pos = r->offset;
-  for (size_t i = 0; i < e->len && pos < end; i++) {
-    const struct public_extent *x = &e->v[i];
-    uint64_t xend = x->offset + x->length < end ? x->offset + x->length : end;
-    if (xend <= pos)
-      continue;
-    bool hole = x->type & NBDKIT_EXTENT_ZERO;
+  uint64_t pos = r->offset, xend;
+  uint32_t type;
+  size_t i = 0;
+  while (next_extent (e, &i, pos, end, &xend, &type)) {
+    bool hole = type & NBDKIT_EXTENT_ZERO;
     if (n > 0 && pc[n - 1].hole == hole)
       pc[n - 1].length += xend - pos;
     else if (n == REQ_MAX_CHUNKS) {
@@ -518,27 +542,19 @@ do_block_status_ext (struct request *r)
   bool full = false;
 
   for (unsigned call = 0; call < EXTENTS_CALLS_MAX && pos < end && !full; call++) {
-    struct nbdkit_extents *e = public_extents_new (pos, (uint64_t) c->pc.caps.size);
-    if (!e) {
-      if (cur_len == 0)
-        return ENOMEM;
-      break;
-    }
+    struct nbdkit_extents *e = NULL;
     uint32_t hint = end - pos < PLUGIN_SPAN ? (uint32_t) (end - pos) : PLUGIN_SPAN;
-    int err = top_extents (c, hint, pos, req_one, e);
+    int err = top_extents (c, hint, pos, (uint64_t) c->pc.caps.size, req_one, &e);
     if (err) {
-      public_extents_free (e);
       if (cur_len == 0)
         return err;
       break;
     }
-    uint64_t before = pos;
-    for (size_t i = 0; i < e->len && pos < end; i++) {
-      const struct public_extent *x = &e->v[i];
-      uint64_t xend = x->offset + x->length < end ? x->offset + x->length : end;
-      uint32_t type = x->type & (NBD_STATE_HOLE | NBD_STATE_ZERO);
-      if (xend <= pos)
-        continue;
+    uint64_t before = pos, xend;
+    uint32_t type;
+    size_t i = 0;
+    while (next_extent (e, &i, pos, end, &xend, &type)) {
+      type &= NBD_STATE_HOLE | NBD_STATE_ZERO;
       if (cur_len && type != cur_type) {
         /* The one being grown takes the last slot at the end. */
         if (req_one || n + 1 >= BLOCK_STATUS_EXT_MAX) {
@@ -609,25 +625,18 @@ do_block_status (struct request *r)
   bool req_one = r->flags & NBD_CMD_FLAG_REQ_ONE;
   /* nbdkit's window runs to the end of the disk, not of the request;
    * plugins are written for that, so do the same and clip afterwards. */
-  struct nbdkit_extents *e = public_extents_new (r->offset, (uint64_t) c->pc.caps.size);
-  if (!e)
-    return ENOMEM;
-  int err = top_extents (c, r->count, r->offset, req_one, e);
-  if (err) {
-    public_extents_free (e);
+  struct nbdkit_extents *e = NULL;
+  int err = top_extents (c, r->count, r->offset, (uint64_t) c->pc.caps.size, req_one, &e);
+  if (err)
     return err;
-  }
 
   uint8_t *out = r->buf->data;
-  uint32_t id = htobe32 (1), n = 0;
-  uint64_t end = r->offset + r->count, pos = r->offset;
+  uint32_t id = htobe32 (1), n = 0, type;
+  uint64_t end = r->offset + r->count, pos = r->offset, xend;
+  size_t i = 0;
   memcpy (out, &id, 4);
-  for (size_t i = 0; i < e->len && pos < end && n < BLOCK_STATUS_MAX; i++) {
-    const struct public_extent *x = &e->v[i];
-    uint64_t xend = x->offset + x->length < end ? x->offset + x->length : end;
-    if (xend <= pos)
-      continue;
-    uint32_t d[2] = { htobe32 ((uint32_t) (xend - pos)), htobe32 (x->type & 3) };
+  while (n < BLOCK_STATUS_MAX && next_extent (e, &i, pos, end, &xend, &type)) {
+    uint32_t d[2] = { htobe32 ((uint32_t) (xend - pos)), htobe32 (type & 3) };
     memcpy (out + 4 + 8 * n, d, 8);
     n++;
     pos = xend;

@@ -122,5 +122,6 @@ backend_stack_unload (void)
     b->unload (b);                            /* frees b */
   }
   backend_buffers_free ();
+  public_config_done = false;       /* a stack loaded again configures again */
   public_release_global ();
 }

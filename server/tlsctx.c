@@ -21,6 +21,7 @@
 
 #include "internal.h"
 #include "tlsctx.h"
+#include "vector.h"
 
 /* With read-ahead, OpenSSL reads this much per read(2), several records. */
 #define TLS_READ_BUF (4 * (SSL3_RT_MAX_PLAIN_LENGTH + SSL3_RT_MAX_ENCRYPTED_OVERHEAD \
@@ -151,7 +152,7 @@ static int
 load_psk_file (const char *path, struct psk_table *tab)
 {
   struct psk_entry *psks = NULL;
-  size_t npsks = 0;
+  size_t npsks = 0, psks_cap = 0;
   FILE *f = fopen (path, "r");
   if (!f) {
     log_error ("--tls-psk: cannot open %s: %m", path);
@@ -189,7 +190,7 @@ load_psk_file (const char *path, struct psk_table *tab)
       break;
     }
     struct psk_entry e = { .identity = strdup (line), .key = malloc (hl / 2), .keylen = hl / 2 };
-    struct psk_entry *nv = realloc (psks, (npsks + 1) * sizeof *psks);
+    struct psk_entry *nv = vec_grow (psks, &psks_cap, npsks + 1, sizeof *psks, 8);
     if (!e.identity || !e.key || !nv) {
       free (e.identity);
       free (e.key);

@@ -16,19 +16,24 @@ options_of() {
   "$1" --help 2>&1 | grep -oP '(?<![\w-])--?[A-Za-z0-9][\w-]*' | sort -u
 }
 
+# renders_clean PAGE: man's own check, as Debian's lintian runs it, then
+# groff's -ww: any warning text at all fails.
+renders_clean() {
+  local warn
+  warn=$(LC_ALL=C.UTF-8 MANROFFSEQ='' MANWIDTH=80 \
+         man --warnings -E UTF-8 -l -Tutf8 -Z "$1" 2>&1 >/dev/null)
+  [ -z "$warn" ] || { echo "$warn"; fail "$(basename "$1"): man --warnings complains"; }
+  warn=$(groff -ww -man -Tutf8 -z "$1" 2>&1)
+  [ -z "$warn" ] || { echo "$warn"; fail "$(basename "$1"): groff -ww complains"; }
+}
+
 bad=0
 for prog in "$BLKD" "$BLKPERF"; do
   name=$(basename "$prog")
   page="$TOP/man/$name.1"
   [ -f "$page" ] || fail "no manual page $page"
 
-  # man's own check, as Debian's lintian runs it, then groff's -ww: any
-  # warning text at all fails.
-  warn=$(LC_ALL=C.UTF-8 MANROFFSEQ='' MANWIDTH=80 \
-         man --warnings -E UTF-8 -l -Tutf8 -Z "$page" 2>&1 >/dev/null)
-  [ -z "$warn" ] || { echo "$warn"; fail "$name.1: man --warnings complains"; }
-  warn=$(groff -ww -man -Tutf8 -z "$page" 2>&1)
-  [ -z "$warn" ] || { echo "$warn"; fail "$name.1: groff -ww complains"; }
+  renders_clean "$page"
   echo "ok: $name.1 renders without warnings"
 
   # Rendered as plain ASCII (\- becomes '-', no overstrike, no
@@ -50,11 +55,7 @@ done
 for name in ram rawio; do
   page="$TOP/man/nbdkit-$name-plugin.1"
   [ -f "$page" ] || fail "no manual page $page"
-  warn=$(LC_ALL=C.UTF-8 MANROFFSEQ='' MANWIDTH=80 \
-         man --warnings -E UTF-8 -l -Tutf8 -Z "$page" 2>&1 >/dev/null)
-  [ -z "$warn" ] || { echo "$warn"; fail "nbdkit-$name-plugin.1: man --warnings complains"; }
-  warn=$(groff -ww -man -Tutf8 -z "$page" 2>&1)
-  [ -z "$warn" ] || { echo "$warn"; fail "nbdkit-$name-plugin.1: groff -ww complains"; }
+  renders_clean "$page"
   text=$(groff -man -Tascii -P-c -P-b -P-u "$page" 2>/dev/null)
   keys=$("$BLKD" "$name" --help 2>&1 | sed -n 's/^\([a-z_]*\)=<.*/\1/p')
   [ -n "$keys" ] || fail "no key=value lines in blkd $name --help"

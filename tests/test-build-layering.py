@@ -1,0 +1,74 @@
+#!/usr/bin/python3
+"""The server's import graph has no circles: no file of server/ calls into
+a file that calls back into it (read from the symbols each object file
+defines and uses, so macros and headers cannot hide a call).  The one
+circle still known, connection I/O / protocol / shard / handshake, is
+listed below until it is taken apart; any other fails the test, and so
+does a listed pair that no longer calls both ways (the list must shrink
+with the code)."""
+
+import glob
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
+from blkdtest import TOP, check, fail, ok, skip  # noqa: E402
+
+# Pairs that still call each other (the conn <-> protocol <-> shard <->
+# handshake circle: protocol_consume should return parsed requests for
+# the caller to dispatch, and only conn.c read payload bytes).
+KNOWN = {
+    frozenset(("conn", "handshake")),
+    frozenset(("conn", "protocol")),
+    frozenset(("conn", "shard")),
+    frozenset(("protocol", "shard")),
+}
+
+# The objects of the build that made ./blkd (the Makefile keeps one
+# .flavour stamp, in that build's object tree).
+stamps = glob.glob(os.path.join(TOP, "build", "*", ".flavour"))
+if not stamps:
+    skip("no build tree with a .flavour stamp (make all first)")
+objdir = os.path.dirname(stamps[0])
+# One object per source (an object whose source is gone is left over
+# from an older tree: not part of the server any more).
+srcs = sorted(glob.glob(os.path.join(TOP, "server", "*.c")))
+objs = [os.path.join(objdir, "server", os.path.basename(s)[:-2] + ".o") for s in srcs]
+missing = [o for o in objs if not os.path.exists(o)]
+if missing:
+    fail("no %s: rebuild (make all)" % ", ".join(missing))
+
+defines, uses = {}, {}
+for o in objs:
+    name = os.path.basename(o)[:-2]
+    out = subprocess.run(["nm", o], capture_output=True, text=True, check=True).stdout
+    d, u = set(), set()
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 3 and f[1] in "TDBRCV":
+            d.add(f[2])
+        elif len(f) == 2 and f[0] == "U":
+            u.add(f[1])
+    defines[name], uses[name] = d, u
+owner = {sym: name for name, d in defines.items() for sym in d}
+calls = {name: {owner[s] for s in u if s in owner and owner[s] != name}
+         for name, u in uses.items()}
+
+both_ways = set()
+for a, targets in calls.items():
+    for b in targets:
+        if a in calls.get(b, ()):
+            both_ways.add(frozenset((a, b)))
+
+for pair in sorted(both_ways - KNOWN, key=sorted):
+    a, b = sorted(pair)
+    ab = sorted(s for s in uses[a] if owner.get(s) == b)
+    ba = sorted(s for s in uses[b] if owner.get(s) == a)
+    check(False, "%s.c and %s.c call each other" % (a, b),
+          "%s uses %s; %s uses %s" % (a, ", ".join(ab), b, ", ".join(ba)))
+for pair in sorted(KNOWN - both_ways, key=sorted):
+    check(False, "%s.c and %s.c no longer call each other: drop them from KNOWN"
+          % tuple(sorted(pair)))
+ok("%d server files: no circle but the %d known pairs (%s)"
+   % (len(objs), len(KNOWN), "; ".join("/".join(sorted(p)) for p in sorted(KNOWN, key=sorted))))
