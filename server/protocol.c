@@ -194,6 +194,19 @@ protocol_validate (struct conn *c, const struct request *r)
 static size_t put_chunk (struct request *r, size_t at, uint16_t flags, uint16_t type,
                          uint32_t length, const void *extra, size_t extra_len);
 
+/* A chunk header h (hlen bytes) and `extra` bytes after it at byte `at`
+ * of hdr, as one iovec; returns where the next header may start. */
+static size_t
+put_hdr (struct request *r, size_t at, const void *h, size_t hlen, const void *extra,
+         size_t extra_len)
+{
+  memcpy (r->hdr + at, h, hlen);
+  if (extra_len)
+    memcpy (r->hdr + at + hlen, extra, extra_len);
+  r->iov[r->niov++] = (struct iovec) { r->hdr + at, hlen + extra_len };
+  return at + hlen + extra_len;
+}
+
 /* Extended headers: one 32-byte chunk header for every reply, the
  * request's offset echoed in it (proto.md: "MUST match the request"). */
 static size_t
@@ -205,11 +218,19 @@ put_ext_chunk (struct request *r, size_t at, uint16_t flags, uint16_t type,
     .type = htobe16 (type), .cookie = r->cookie, .offset = htobe64 (r->offset),
     .length = htobe64 (length),
   };
-  memcpy (r->hdr + at, &h, sizeof h);
-  if (extra_len)
-    memcpy (r->hdr + at + sizeof h, extra, extra_len);
-  r->iov[r->niov++] = (struct iovec) { r->hdr + at, sizeof h + extra_len };
-  return at + sizeof h + extra_len;
+  return put_hdr (r, at, &h, sizeof h, extra, extra_len);
+}
+
+/* The whole reply: one ERROR chunk (no message). */
+static void
+put_error_chunk (struct request *r, uint32_t nbd_err)
+{
+  uint8_t e[6];
+  uint32_t be = htobe32 (nbd_err);
+  memcpy (e, &be, 4);
+  memset (e + 4, 0, 2);             /* no message */
+  r->niov = 0;
+  put_chunk (r, 0, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR, sizeof e, e, sizeof e);
 }
 
 /* Extended headers have no simple reply: success is a NONE chunk and a
@@ -220,13 +241,8 @@ put_ext_done (struct request *r, uint32_t error)
   r->niov = 0;
   if (error == 0)
     put_chunk (r, 0, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_NONE, 0, NULL, 0);
-  else {
-    uint8_t e[6];
-    uint32_t be = htobe32 (error);
-    memcpy (e, &be, 4);
-    memset (e + 4, 0, 2);           /* no message */
-    put_chunk (r, 0, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR, sizeof e, e, sizeof e);
-  }
+  else
+    put_error_chunk (r, error);
 }
 
 static void
@@ -257,11 +273,7 @@ put_chunk (struct request *r, size_t at, uint16_t flags, uint16_t type,
     .magic = htobe32 (NBD_STRUCTURED_REPLY_MAGIC), .flags = htobe16 (flags),
     .type = htobe16 (type), .cookie = r->cookie, .length = htobe32 (length),
   };
-  memcpy (r->hdr + at, &h, sizeof h);
-  if (extra_len)
-    memcpy (r->hdr + at + sizeof h, extra, extra_len);
-  r->iov[r->niov++] = (struct iovec) { r->hdr + at, sizeof h + extra_len };
-  return at + sizeof h + extra_len;
+  return put_hdr (r, at, &h, sizeof h, extra, extra_len);
 }
 
 static void
@@ -269,13 +281,8 @@ put_error (struct request *r)
 {
   uint32_t nbd_err = protocol_nbd_error (r->error, r);
   r->niov = 0;
-  if (r->conn->structured && (r->type == NBD_CMD_READ || r->type == NBD_CMD_BLOCK_STATUS)) {
-    uint8_t e[6];
-    uint32_t be = htobe32 (nbd_err);
-    memcpy (e, &be, 4);
-    memset (e + 4, 0, 2);             /* no message */
-    put_chunk (r, 0, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR, sizeof e, e, sizeof e);
-  }
+  if (r->conn->structured && (r->type == NBD_CMD_READ || r->type == NBD_CMD_BLOCK_STATUS))
+    put_error_chunk (r, nbd_err);
   else
     put_simple (r, nbd_err);
 }
