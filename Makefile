@@ -124,6 +124,7 @@ include client/client.mk
 include tests/tests.mk
 include deploy/deploy.mk
 include fuzz/fuzz.mk
+include tests/interop/interop.mk
 include man/man.mk
 
 # Install only what is missing: a machine that has everything runs no apt.

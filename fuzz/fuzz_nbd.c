@@ -23,9 +23,10 @@
  *              requests).
  *   request:   the first input byte picks the negotiation -- bit 0
  *              structured replies, bit 1 base:allocation, bit 2 a
- *              read-only server, bit 3 EXPORT_NAME instead of GO -- the
- *              harness does that handshake, and the rest of the input is
- *              the transmission stream.
+ *              read-only server, bit 3 EXPORT_NAME instead of GO, bit 4
+ *              extended headers (sent first: the stream is then 32-byte
+ *              requests) -- the harness does that handshake, and the rest
+ *              of the input is the transmission stream.
  *
  * A connection that neither closes nor lets the server free it within
  * BLKD_FUZZ_HANG_MS (default 5000) after the client half-closed and read
@@ -257,6 +258,8 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   uint32_t flags = htobe32 (NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
   memcpy (pre, &flags, 4);
   n = 4;
+  if (mode & 16)
+    n += opt (pre + n, NBD_OPT_EXTENDED_HEADERS, NULL, 0);
   if (mode & 1)
     n += opt (pre + n, NBD_OPT_STRUCTURED_REPLY, NULL, 0);
   if (mode & 2) {

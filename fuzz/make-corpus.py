@@ -8,7 +8,8 @@ every option, command and flag instead of rediscovering the magics.
 
 Handshake seeds are what a client sends after the greeting; request seeds
 are one mode byte (bit 0 structured, bit 1 base:allocation, bit 2
-read-only, bit 3 EXPORT_NAME) then the transmission stream.  The fuzz
+read-only, bit 3 EXPORT_NAME, bit 4 extended headers) then the
+transmission stream.  The fuzz
 server's disk is 1 MiB, --max-request 64 KiB.
 """
 import os
@@ -17,6 +18,8 @@ import sys
 
 OPTS = 0x49484156454f5054
 REQ = 0x25609513
+EXT_REQ = 0x21e41c71
+PAYLOAD_LEN = 1 << 5
 
 
 def flags(f=3):
@@ -39,6 +42,15 @@ def meta_data(name=b"", queries=(b"base:allocation",)):
 
 def req(cmd, off=0, count=0, flags=0, cookie=1, payload=b""):
     return struct.pack(">IHHQQI", REQ, flags, cmd, cookie, off, count) + payload
+
+
+def ereq(cmd, off=0, length=0, flags=0, cookie=1, payload=b"", magic=EXT_REQ):
+    """An extended request (NBD_OPT_EXTENDED_HEADERS): 64-bit length."""
+    return struct.pack(">IHHQQQ", magic, flags, cmd, cookie, off, length) + payload
+
+
+def ewrite(off, data, cookie=1, flags=0):
+    return ereq(1, off, len(data), flags | PAYLOAD_LEN, cookie, data)
 
 
 GO = opt(7, go_data())
@@ -65,6 +77,10 @@ handshake = {
     "bad-option-magic": flags() + struct.pack(">QII", OPTS ^ 1, 7, 0),
     "bad-flags": flags(0x80000000),
     "structured-twice": flags() + opt(8) + opt(8) + opt(8, b"x") + GO + DISC,
+    "extended": flags() + opt(11) + opt(10, meta_data()) + GO + ewrite(0, b"x" * 512)
+    + ereq(7, 0, 1 << 40, cookie=2) + ereq(6, 0, 1 << 36, cookie=3) + ereq(2),
+    "extended-misuse": flags() + opt(11, b"x") + opt(11) + opt(8) + opt(11) + opt(1),
+    "extended-then-tls": flags() + opt(11) + opt(5) + opt(2),
     "info-then-go": flags() + opt(6, go_data(b"", (3,))) + opt(7, go_data(b"", (1, 2, 3)))
     + req(0, 0, 1, cookie=9) + DISC,
 }
@@ -92,6 +108,20 @@ request = {
     + DISC,
     "truncated-write": b"\0" + req(1, 0, 65536) + b"h" * 30000,
     "bad-magic-after-good": b"\1" + req(0, 0, 512) + struct.pack(">I", 0x12345678) + b"\0" * 24,
+    "ext-basic": b"\x13" + ewrite(0, b"i" * 8192, flags=1) + ereq(0, 0, 8192, cookie=2)
+    + ereq(7, 0, 1 << 40, cookie=3) + ereq(7, 0, 1 << 20, 8, cookie=4) + ereq(3, cookie=5)
+    + ereq(4, 4096, 4096, cookie=6) + ereq(6, 0, 1 << 36, cookie=7) + ereq(5, 0, 4096, cookie=8)
+    + ereq(2),
+    "ext-lengths": b"\x12" + ereq(0, 0, (1 << 64) - 1) + ereq(0, 0, 1 << 32) + ereq(4, 0, (1 << 64) - 1)
+    + ereq(6, (1 << 64) - 1, 1) + ereq(7, 1 << 63, 1 << 63) + ereq(3, 0, 1 << 40) + ereq(2),
+    "ext-payload-len": b"\x12" + ereq(4, 0, 100, PAYLOAD_LEN, payload=b"j" * 100)
+    + ereq(7, 0, 8, PAYLOAD_LEN, payload=b"k" * 8) + ewrite(0, b"l" * 70000)
+    + ereq(1, 0, 512, payload=b"m" * 512),
+    "ext-huge-payload": b"\x12" + ereq(1, 0, 1 << 40, PAYLOAD_LEN) + b"\0" * 64,
+    "ext-compact-mix": b"\x12" + ereq(0, 0, 512) + req(0, 0, 512) + ereq(2),
+    "compact-ext-mix": b"\x01" + req(0, 0, 512) + ereq(0, 0, 512) + DISC,
+    "ext-readonly": b"\x16" + ewrite(0, b"n" * 512) + ereq(4, 0, 1 << 33) + ereq(6, 0, 512)
+    + ereq(0, 0, 512) + ereq(2),
     "disc-in-flight": b"\0" + req(0, 0, 65536) + req(0, 65536, 65536, cookie=2) + DISC + req(0, 0, 1),
 }
 

@@ -10,6 +10,9 @@
 #define NBD_REQUEST_MAGIC       0x25609513u
 #define NBD_SIMPLE_REPLY_MAGIC  0x67446698u
 #define NBD_STRUCTURED_REPLY_MAGIC 0x668e33efu
+/* Extended headers (NBD_OPT_EXTENDED_HEADERS): 32-byte requests and replies. */
+#define NBD_EXTENDED_REQUEST_MAGIC 0x21e41c71u
+#define NBD_EXTENDED_REPLY_MAGIC   0x6e8a278cu
 
 /* Handshake flags (server) and client flags. */
 #define NBD_FLAG_FIXED_NEWSTYLE  (1u << 0)
@@ -44,6 +47,7 @@
 #define NBD_REP_ERR_SHUTDOWN  NBD_REP_ERR(7)
 #define NBD_REP_ERR_BLOCK_SIZE_REQD NBD_REP_ERR(8)
 #define NBD_REP_ERR_TOO_BIG   NBD_REP_ERR(9)
+#define NBD_REP_ERR_EXT_HEADER_REQD NBD_REP_ERR(10)
 
 /* NBD_REP_INFO types. */
 #define NBD_INFO_EXPORT       0
@@ -63,6 +67,7 @@
 #define NBD_FLAG_CAN_MULTI_CONN    (1u << 8)
 #define NBD_FLAG_SEND_CACHE        (1u << 10)
 #define NBD_FLAG_SEND_FAST_ZERO    (1u << 11)
+#define NBD_FLAG_BLOCK_STATUS_PAYLOAD (1u << 12)  /* not offered by blkd */
 
 /* Commands. */
 #define NBD_CMD_READ          0
@@ -93,6 +98,7 @@ nbd_cmd_name (uint32_t type)
 #define NBD_CMD_FLAG_DF        (1u << 2)
 #define NBD_CMD_FLAG_REQ_ONE   (1u << 3)
 #define NBD_CMD_FLAG_FAST_ZERO (1u << 4)
+#define NBD_CMD_FLAG_PAYLOAD_LEN (1u << 5) /* extended headers: length is a payload */
 
 /* Structured reply chunk types and flags. */
 #define NBD_REPLY_FLAG_DONE           (1u << 0)
@@ -100,6 +106,7 @@ nbd_cmd_name (uint32_t type)
 #define NBD_REPLY_TYPE_OFFSET_DATA    1
 #define NBD_REPLY_TYPE_OFFSET_HOLE    2
 #define NBD_REPLY_TYPE_BLOCK_STATUS   5
+#define NBD_REPLY_TYPE_BLOCK_STATUS_EXT 6  /* extended headers: 64-bit extents */
 #define NBD_REPLY_TYPE_ERROR_BIT      (1u << 15)  /* set in every error chunk type */
 #define NBD_REPLY_TYPE_ERROR          (NBD_REPLY_TYPE_ERROR_BIT + 1)
 #define NBD_REPLY_TYPE_ERROR_OFFSET   (NBD_REPLY_TYPE_ERROR_BIT + 2)
@@ -129,6 +136,17 @@ struct nbd_request {
   uint32_t count;
 } __attribute__((packed));
 
+/* With extended headers the length is 64 bits: an effect length, or a
+ * payload length when NBD_CMD_FLAG_PAYLOAD_LEN is set. */
+struct nbd_extended_request {
+  uint32_t magic;
+  uint16_t flags;
+  uint16_t type;
+  uint64_t cookie;
+  uint64_t offset;
+  uint64_t length;
+} __attribute__((packed));
+
 struct nbd_simple_reply {
   uint32_t magic;
   uint32_t error;
@@ -141,6 +159,17 @@ struct nbd_structured_reply {
   uint16_t type;
   uint64_t cookie;
   uint32_t length;
+} __attribute__((packed));
+
+/* Every reply chunk once extended headers are on; offset echoes the
+ * request's. */
+struct nbd_extended_reply {
+  uint32_t magic;
+  uint16_t flags;
+  uint16_t type;
+  uint64_t cookie;
+  uint64_t offset;
+  uint64_t length;
 } __attribute__((packed));
 
 struct nbd_option_header {

@@ -545,8 +545,8 @@ read_some (struct conn *c)
     want = payload;
     c->roff = c->rlen = 0;
     if (!c->tls && payload == r->count - c->recv_have && !c->handoff) {
-      v[nv++] = (struct iovec) { c->rbuf, sizeof (struct nbd_request) };
-      want += sizeof (struct nbd_request);
+      v[nv++] = (struct iovec) { c->rbuf, protocol_header_size (c) };
+      want += protocol_header_size (c);
     }
     c->write_stream = true;
     n = c->tls ? tls_recv (c, v[0].iov_base, v[0].iov_len) : readv (c->fd, v, nv);
@@ -564,7 +564,7 @@ read_some (struct conn *c)
      * read when the guess is wrong (write_stream is then cleared). */
     c->roff = c->rlen = 0;
     c->write_stream = false;        /* the direct read above sets it again */
-    want = sizeof (struct nbd_request);
+    want = protocol_header_size (c);
     n = read (c->fd, c->rbuf, want);
     if (n > 0)
       c->rlen = n;
@@ -790,8 +790,8 @@ handoff_need (const struct conn *c)
   }
   if (c->discard_left)
     return c->discard_left > avail ? c->discard_left - avail : 0;
-  return avail > 0 && avail < sizeof (struct nbd_request)
-         ? sizeof (struct nbd_request) - avail : 0;
+  size_t hdr = protocol_header_size (c);
+  return avail > 0 && avail < hdr ? hdr - avail : 0;
 }
 
 void

@@ -165,6 +165,9 @@ opt_info_go (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
     return send_error (c, option, NBD_REP_ERR_INVALID, "bad information request count");
   if (memchr (name, '\0', namelen))
     return send_error (c, option, NBD_REP_ERR_INVALID, "export name contains NUL");
+  if (cfg.ext_headers == EXT_HEADERS_REQUIRE && !c->extended)
+    return send_error (c, option, NBD_REP_ERR_EXT_HEADER_REQD,
+                       "this server requires extended headers");
 
   bool want_name = false, want_desc = false;
   for (uint16_t i = 0; i < nreq; i++) {
@@ -208,7 +211,8 @@ opt_info_go (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
   else {
     c->phase = CONN_TRANSMISSION;
     log_debug ("transmission phase: export \"%s\"%s", c->export_name,
-               c->structured ? ", structured replies" : "");
+               c->extended ? ", extended headers"
+               : c->structured ? ", structured replies" : "");
   }
   return 0;
 }
@@ -220,7 +224,14 @@ opt_export_name (struct conn *c, const uint8_t *d, uint32_t len)
     log_error ("EXPORT_NAME: bad export name; closing");
     return -1;
   }
-  /* EXPORT_NAME has no way to say no: failure closes the connection. */
+  /* EXPORT_NAME has no way to say no: failure closes the connection.
+   * Its reply has no room for extended headers, so a client that took
+   * them may not use it (proto.md). */
+  if (c->extended || cfg.ext_headers == EXT_HEADERS_REQUIRE) {
+    log_error ("EXPORT_NAME %s; closing", c->extended ? "after extended headers"
+               : "but this server requires extended headers");
+    return -1;
+  }
   if (open_export (c, (const char *) d, len) == -1)
     return -1;
   uint8_t r[10 + 124];
@@ -342,6 +353,7 @@ opt_starttls (struct conn *c, uint32_t len)
     return send_error (c, NBD_OPT_STARTTLS, NBD_REP_ERR_INVALID, "TLS is already up");
 
   c->structured = false;
+  c->extended = false;
   c->meta_base_allocation = false;
   backend_conn_close (&c->pc);
   free (c->export_name);
@@ -357,6 +369,24 @@ opt_starttls (struct conn *c, uint32_t len)
   c->read_block |= CONN_READ_STARTTLS;
   c->phase = CONN_TLS_HANDSHAKE;
   return 0;
+}
+
+/* EXTENDED_HEADERS: 32-byte requests and replies from the transmission
+ * phase on.  They carry structured replies with them, so a
+ * SET_META_CONTEXT sent next is accepted too. */
+static int
+opt_extended_headers (struct conn *c, uint32_t len)
+{
+  if (len != 0)
+    return send_error (c, NBD_OPT_EXTENDED_HEADERS, NBD_REP_ERR_INVALID,
+                       "EXTENDED_HEADERS takes no data");
+  if (cfg.ext_headers == EXT_HEADERS_OFF || cfg.no_sr)
+    return send_error (c, NBD_OPT_EXTENDED_HEADERS, NBD_REP_ERR_UNSUP,
+                       cfg.no_sr ? "structured replies are off (--no-sr)"
+                       : "extended headers are off (--ext-headers=off)");
+  c->extended = true;
+  c->structured = true;
+  return send_option_reply (c, NBD_OPT_EXTENDED_HEADERS, NBD_REP_ACK, NULL, 0);
 }
 
 static int
@@ -398,8 +428,13 @@ handle_option (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
       return send_error (c, option, NBD_REP_ERR_INVALID, "STRUCTURED_REPLY takes no data");
     if (cfg.no_sr)
       return send_error (c, option, NBD_REP_ERR_UNSUP, "structured replies are off (--no-sr)");
+    if (c->extended)                /* no going back to 20-byte chunks */
+      return send_error (c, option, NBD_REP_ERR_EXT_HEADER_REQD,
+                         "extended headers are already negotiated");
     c->structured = true;
     return send_option_reply (c, option, NBD_REP_ACK, NULL, 0);
+  case NBD_OPT_EXTENDED_HEADERS:
+    return opt_extended_headers (c, len);
   case NBD_OPT_LIST_META_CONTEXT:
   case NBD_OPT_SET_META_CONTEXT:
     return opt_meta_context (c, option, d, len);

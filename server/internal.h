@@ -37,6 +37,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
 
@@ -63,6 +64,8 @@ enum delayacct_mode { DELAYACCT_COMPACT, DELAYACCT_LOCKED, DELAYACCT_OFF };
 enum cache_mode { CACHE_WRITETHROUGH, CACHE_WRITEBACK };
 /* --sparse-reads; NO and YES are what nbdkit_parse_bool returns. */
 enum sparse_reads { SPARSE_READS_NO = 0, SPARSE_READS_YES = 1, SPARSE_READS_AUTO };
+/* --ext-headers: offer NBD_OPT_EXTENDED_HEADERS, refuse it, or insist on it. */
+enum ext_headers_mode { EXT_HEADERS_ON, EXT_HEADERS_OFF, EXT_HEADERS_REQUIRE };
 
 struct blkd_config {
   const char *ip;                 /* -i; NULL: all addresses */
@@ -83,6 +86,7 @@ struct blkd_config {
   const char *selinux_label;      /* --selinux-label: label for our listening sockets */
   uint16_t gflags_masked;         /* handshake flags --mask-handshake turns off */
   bool no_sr;                     /* --no-sr: refuse STRUCTURED_REPLY */
+  enum ext_headers_mode ext_headers;  /* --ext-headers */
   int shards;                     /* --shards; default: online CPUs */
   int workers;                    /* --threads: workers per shard (or global pool / shards) */
   uint32_t max_request;           /* --max-request: largest READ/WRITE payload */
@@ -268,7 +272,9 @@ struct request {
   struct request *next;           /* send queue / work queue / free list */
   struct conn *conn;
   uint64_t cookie, offset;
-  uint32_t count;
+  uint64_t count;                 /* 64 bits only with extended headers, and then
+                                     only TRIM, WRITE_ZEROES, CACHE and BLOCK_STATUS:
+                                     READ/WRITE are held to the payload limit */
   uint16_t flags, type;
   int error;                      /* errno result, 0 on success */
   struct iobuf *buf;              /* READ data / WRITE payload / BS descriptors */
@@ -279,7 +285,7 @@ struct request {
   /* Reply: iovecs into hdr[] and buf, written by the shard thread. */
   unsigned niov, iov_sent;
   struct iovec iov[2 * REQ_MAX_CHUNKS + 2];
-  uint8_t hdr[REQ_MAX_CHUNKS * 40 + 64];
+  uint8_t hdr[REQ_MAX_CHUNKS * 48 + 64];  /* up to 44 bytes a chunk when extended */
   /* Zero-copy (blkd's extension).  A lent READ's data iovecs point into
    * the plugin's memory, and its tokens go back when the request is freed;
    * a placed WRITE's payload arrives in iov[0..nlent) (the plugin's memory)
@@ -303,6 +309,26 @@ struct request {
 /* A request from the shard's pool, reset; NULL when out of memory. */
 struct request *request_get (struct iobuf_pool *p);
 void request_put (struct iobuf_pool *p, struct request *r);
+/* A request header of either form, in host order (the cookie stays in
+ * wire order: it is only echoed). */
+struct protocol_header {
+  uint16_t flags, type;
+  uint64_t cookie, offset, length;
+};
+/* Parse the header at in: its size, 0 until avail holds a whole one, -1
+ * when the magic is not that of the negotiated form (extended or compact). */
+ssize_t protocol_parse_header (bool extended, const uint8_t *in, size_t avail,
+                               struct protocol_header *h);
+/* Extended headers: what NBD_CMD_FLAG_PAYLOAD_LEN says follows r's header
+ * (*payload bytes of it). */
+enum ext_payload {
+  EXT_PAYLOAD_NONE,               /* nothing, or a WRITE's payload (the flag is
+                                     cleared; a WRITE without it is one too) */
+  EXT_PAYLOAD_REFUSE,             /* a payload no command takes: read past, EINVAL */
+  EXT_PAYLOAD_CLOSE,              /* too big to read past: close the connection */
+};
+enum ext_payload protocol_ext_payload (const struct conn *c, struct request *r,
+                                       uint64_t *payload);
 /* Validate a parsed header; 0 or the errno to answer with. */
 int protocol_validate (struct conn *c, const struct request *r);
 /* Run the plugin call for r (shard thread or worker). */
@@ -351,6 +377,8 @@ struct conn {
   struct event *ev_read, *ev_write;
   enum conn_phase phase;
   bool no_zeroes, structured, meta_base_allocation;
+  bool extended;                  /* NBD_OPT_EXTENDED_HEADERS took: 32-byte requests
+                                     and replies (implies structured) */
   bool fixed_newstyle;            /* client set NBD_FLAG_C_FIXED_NEWSTYLE */
   unsigned read_block;            /* enum conn_read_block bits; 0: reading */
   bool read_drained;              /* last read was short: socket empty */
@@ -398,6 +426,13 @@ struct conn {
    * finish the one it is in (conn.c's handoff_need). */
   bool handoff;
 };
+
+/* The size of one request header on c: 32 bytes with extended headers. */
+static inline size_t
+protocol_header_size (const struct conn *c)
+{
+  return c->extended ? sizeof (struct nbd_extended_request) : sizeof (struct nbd_request);
+}
 
 struct conn *conn_new (struct shard *s, int fd, const char *peer);
 void conn_start (struct conn *c);

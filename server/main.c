@@ -131,7 +131,10 @@ usage (FILE *f)
 "                         (also --read-only)\n"
 "      --mask-handshake=MASK  clear global handshake flags not in MASK\n"
 "                         (bit 0 FIXED_NEWSTYLE, bit 1 NO_ZEROES; default 3)\n"
-"      --no-sr            do not offer structured replies\n"
+"      --no-sr            do not offer structured replies (nor extended headers)\n"
+"      --ext-headers=on|off|require  extended headers (64-bit lengths): offer\n"
+"                         them (default), refuse them, or serve only clients\n"
+"                         that negotiate them\n"
 "\n"
 "Process:\n"
 "  -f, --foreground       do not fork into the background (also --no-fork)\n"
@@ -262,7 +265,7 @@ enum {
   OPT_MAX_CONNECTIONS, OPT_HANDSHAKE_TIMEOUT, OPT_IDLE_TIMEOUT, OPT_RESTART_TIMEOUT, OPT_TLS,
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_TLS_SUITES, OPT_METRICS, OPT_DELAYACCT,
   OPT_CACHE, OPT_CACHE_BLOCK, OPT_CACHE_MODE, OPT_CACHE_CTOR,
-  OPT_EXIT_WITH_PARENT, OPT_MASK_HANDSHAKE, OPT_NO_SR, OPT_PRINT_URI, OPT_SELINUX_LABEL,
+  OPT_EXIT_WITH_PARENT, OPT_MASK_HANDSHAKE, OPT_NO_SR, OPT_EXT_HEADERS, OPT_PRINT_URI, OPT_SELINUX_LABEL,
   OPT_VSOCK, OPT_LOG, OPT_FILTER, OPT_FDSTORE,
 };
 
@@ -279,6 +282,7 @@ static const struct option long_opts[] = {
   { "stdin", no_argument, NULL, 's' },
   { "mask-handshake", required_argument, NULL, OPT_MASK_HANDSHAKE },
   { "no-sr", no_argument, NULL, OPT_NO_SR },
+  { "ext-headers", required_argument, NULL, OPT_EXT_HEADERS },
   { "print-uri", no_argument, NULL, OPT_PRINT_URI },
   { "selinux-label", required_argument, NULL, OPT_SELINUX_LABEL },
   { "vsock", no_argument, NULL, OPT_VSOCK },
@@ -532,6 +536,10 @@ main (int argc, char **argv)
       break;
     }
     case OPT_NO_SR: cfg.no_sr = true; break;
+    case OPT_EXT_HEADERS:
+      cfg.ext_headers = strcmp (optarg, "require") == 0 ? EXT_HEADERS_REQUIRE
+        : parse_bool_opt (optarg) ? EXT_HEADERS_ON : EXT_HEADERS_OFF;
+      break;
     case OPT_PRINT_URI: print_uri = true; break;
     case OPT_SELINUX_LABEL: cfg.selinux_label = optarg; break;
     case OPT_VSOCK: cfg.vsock = true; break;
@@ -698,6 +706,11 @@ main (int argc, char **argv)
     return EXIT_FAILURE;
   if (cfg.unix_path && (cfg.vsock || cfg.port)) {
     fprintf (stderr, "blkd: -U cannot be used with -p or --vsock\n");
+    return EXIT_FAILURE;
+  }
+  /* Extended headers carry structured replies with them. */
+  if (cfg.no_sr && cfg.ext_headers == EXT_HEADERS_REQUIRE) {
+    fprintf (stderr, "blkd: --no-sr cannot be used with --ext-headers=require\n");
     return EXIT_FAILURE;
   }
 

@@ -17,6 +17,16 @@
  * describe less than was asked, and the client asks again for the rest. */
 #define BLOCK_STATUS_BUF  (16 * 1024)
 #define BLOCK_STATUS_MAX  ((BLOCK_STATUS_BUF - 4) / 8)
+/* BLOCK_STATUS_EXT: a context id and a count, then 16-byte descriptors. */
+#define BLOCK_STATUS_EXT_MAX ((BLOCK_STATUS_BUF - 8) / 16)
+/* The plugin API's counts are 32 bits: a longer extended-header request
+ * is run as calls of at most this.  A power of two, so every piece stays
+ * aligned to any block size a plugin can ask for. */
+#define PLUGIN_SPAN       (UINT32_C (1) << 31)
+/* Extents calls one extended BLOCK_STATUS may make while the answer is
+ * still one descriptor short of the request: bounds the work one request
+ * buys; the client asks again for the rest. */
+#define EXTENTS_CALLS_MAX 1024    /* 2 TiB at least */
 
 static void
 request_reset (struct request *r)
@@ -91,7 +101,10 @@ protocol_nbd_error (int err, const struct request *r)
 #endif
     return r->flags & NBD_CMD_FLAG_FAST_ZERO ? NBD_ENOTSUP : NBD_EINVAL;
   case EOVERFLOW:
-    return r->flags & NBD_CMD_FLAG_DF ? NBD_EOVERFLOW : NBD_EINVAL;
+    /* Extended headers: a READ over the payload limit (proto.md lets
+     * the server refuse it "up front with NBD_EOVERFLOW"). */
+    return r->flags & NBD_CMD_FLAG_DF || (r->conn && r->conn->extended)
+           ? NBD_EOVERFLOW : NBD_EINVAL;
   default:
     return NBD_EINVAL;
   }
@@ -162,10 +175,11 @@ protocol_validate (struct conn *c, const struct request *r)
   /* The maximum we advertised: ours, or the plugin's if it is smaller. */
   uint32_t max = k->block_max ? MIN (k->block_max, cfg.max_request) : cfg.max_request;
   if ((r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE) && r->count > max)
-    return EINVAL;
+    return c->extended && r->type == NBD_CMD_READ ? EOVERFLOW : EINVAL;
   if (r->offset > size || r->count > size - r->offset) {
-    log_debug ("%s: offset %llu + count %u is past the end (%llu)", nbd_cmd_name (r->type),
-               (unsigned long long) r->offset, r->count, (unsigned long long) size);
+    log_debug ("%s: offset %llu + count %llu is past the end (%llu)", nbd_cmd_name (r->type),
+               (unsigned long long) r->offset, (unsigned long long) r->count,
+               (unsigned long long) size);
     return r->type == NBD_CMD_WRITE || r->type == NBD_CMD_WRITE_ZEROES ? ENOSPC : EINVAL;
   }
   uint32_t min = k->block_min ? k->block_min : 1;
@@ -178,9 +192,67 @@ protocol_validate (struct conn *c, const struct request *r)
 
 /* ---- replies ------------------------------------------------------- */
 
+static size_t put_chunk (struct request *r, size_t at, uint16_t flags, uint16_t type,
+                         uint32_t length, const void *extra, size_t extra_len);
+
+/* A chunk header h (hlen bytes) and `extra` bytes after it at byte `at`
+ * of hdr, as one iovec; returns where the next header may start. */
+static size_t
+put_hdr (struct request *r, size_t at, const void *h, size_t hlen, const void *extra,
+         size_t extra_len)
+{
+  memcpy (r->hdr + at, h, hlen);
+  if (extra_len)
+    memcpy (r->hdr + at + hlen, extra, extra_len);
+  r->iov[r->niov++] = (struct iovec) { r->hdr + at, hlen + extra_len };
+  return at + hlen + extra_len;
+}
+
+/* Extended headers: one 32-byte chunk header for every reply, the
+ * request's offset echoed in it (proto.md: "MUST match the request"). */
+static size_t
+put_ext_chunk (struct request *r, size_t at, uint16_t flags, uint16_t type,
+               uint32_t length, const void *extra, size_t extra_len)
+{
+  struct nbd_extended_reply h = {
+    .magic = htobe32 (NBD_EXTENDED_REPLY_MAGIC), .flags = htobe16 (flags),
+    .type = htobe16 (type), .cookie = r->cookie, .offset = htobe64 (r->offset),
+    .length = htobe64 (length),
+  };
+  return put_hdr (r, at, &h, sizeof h, extra, extra_len);
+}
+
+/* The whole reply: one ERROR chunk (no message). */
+static void
+put_error_chunk (struct request *r, uint32_t nbd_err)
+{
+  uint8_t e[6];
+  uint32_t be = htobe32 (nbd_err);
+  memcpy (e, &be, 4);
+  memset (e + 4, 0, 2);             /* no message */
+  r->niov = 0;
+  put_chunk (r, 0, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR, sizeof e, e, sizeof e);
+}
+
+/* Extended headers have no simple reply: success is a NONE chunk and a
+ * failure an ERROR chunk, whatever the command. */
+static void
+put_ext_done (struct request *r, uint32_t error)
+{
+  r->niov = 0;
+  if (error == 0)
+    put_chunk (r, 0, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_NONE, 0, NULL, 0);
+  else
+    put_error_chunk (r, error);
+}
+
 static void
 put_simple (struct request *r, uint32_t error)
 {
+  if (r->conn->extended) {
+    put_ext_done (r, error);
+    return;
+  }
   struct nbd_simple_reply h = {
     .magic = htobe32 (NBD_SIMPLE_REPLY_MAGIC), .error = htobe32 (error),
     .cookie = r->cookie,            /* opaque: echoed in wire order */
@@ -196,15 +268,13 @@ static size_t
 put_chunk (struct request *r, size_t at, uint16_t flags, uint16_t type,
            uint32_t length, const void *extra, size_t extra_len)
 {
+  if (r->conn->extended)
+    return put_ext_chunk (r, at, flags, type, length, extra, extra_len);
   struct nbd_structured_reply h = {
     .magic = htobe32 (NBD_STRUCTURED_REPLY_MAGIC), .flags = htobe16 (flags),
     .type = htobe16 (type), .cookie = r->cookie, .length = htobe32 (length),
   };
-  memcpy (r->hdr + at, &h, sizeof h);
-  if (extra_len)
-    memcpy (r->hdr + at + sizeof h, extra, extra_len);
-  r->iov[r->niov++] = (struct iovec) { r->hdr + at, sizeof h + extra_len };
-  return at + sizeof h + extra_len;
+  return put_hdr (r, at, &h, sizeof h, extra, extra_len);
 }
 
 static void
@@ -212,13 +282,8 @@ put_error (struct request *r)
 {
   uint32_t nbd_err = protocol_nbd_error (r->error, r);
   r->niov = 0;
-  if (r->conn->structured && (r->type == NBD_CMD_READ || r->type == NBD_CMD_BLOCK_STATUS)) {
-    uint8_t e[6];
-    uint32_t be = htobe32 (nbd_err);
-    memcpy (e, &be, 4);
-    memset (e + 4, 0, 2);             /* no message */
-    put_chunk (r, 0, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR, sizeof e, e, sizeof e);
-  }
+  if (r->conn->structured && (r->type == NBD_CMD_READ || r->type == NBD_CMD_BLOCK_STATUS))
+    put_error_chunk (r, nbd_err);
   else
     put_simple (r, nbd_err);
 }
@@ -417,8 +482,8 @@ protocol_release (struct request *r)
                              .n = r->nlent };
     r->placed = false;
     r->nlent = 0;
-    log_debug ("WRITE offset %llu count %u: payload incomplete, discarded",
-               (unsigned long long) r->offset, r->count);
+    log_debug ("WRITE offset %llu count %llu: payload incomplete, discarded",
+               (unsigned long long) r->offset, (unsigned long long) r->count);
     int err;
     backend_lock_request (&c->pc);  /* outside protocol_execute */
     backend_pwrite_commit (c->pc.top, r->count, r->offset, 0, &dst, false, &err);
@@ -475,10 +540,103 @@ do_read (struct request *r)
   return 0;
 }
 
+/* Extended headers: 64-bit descriptors, so the plugin's extents are
+ * merged across its calls (and its 32-bit windows): a 100 GiB hole is
+ * one descriptor.  Stops at the request's end, at the descriptor limit,
+ * when the plugin makes no progress, or after EXTENTS_CALLS_MAX calls;
+ * a later call's failure just ends the answer early. */
+static int
+do_block_status_ext (struct request *r)
+{
+  struct conn *c = r->conn;
+  bool req_one = r->flags & NBD_CMD_FLAG_REQ_ONE;
+  uint64_t end = r->offset + r->count, pos = r->offset;
+  uint8_t *out = r->buf->data;
+  uint32_t n = 0, cur_type = 0;
+  uint64_t cur_len = 0;             /* the descriptor being grown */
+  bool full = false;
+
+  for (unsigned call = 0; call < EXTENTS_CALLS_MAX && pos < end && !full; call++) {
+    struct nbdkit_extents *e = NULL;
+    uint32_t hint = end - pos < PLUGIN_SPAN ? (uint32_t) (end - pos) : PLUGIN_SPAN;
+    int err = top_extents (c, hint, pos, (uint64_t) c->pc.caps.size, req_one, &e);
+    if (err) {
+      if (cur_len == 0)
+        return err;
+      break;
+    }
+    uint64_t before = pos, xend;
+    uint32_t type;
+    size_t i = 0;
+    while (next_extent (e, &i, pos, end, &xend, &type)) {
+      type &= NBD_STATE_HOLE | NBD_STATE_ZERO;
+      if (cur_len && type != cur_type) {
+        /* The one being grown takes the last slot at the end. */
+        if (req_one || n + 1 >= BLOCK_STATUS_EXT_MAX) {
+          full = true;
+          break;
+        }
+        uint64_t d[2] = { htobe64 (cur_len), htobe64 (cur_type) };
+        memcpy (out + 8 + 16 * n++, d, 16);
+        cur_len = 0;
+      }
+      cur_type = type;
+      cur_len += xend - pos;
+      pos = xend;
+    }
+    public_extents_free (e);
+    if (pos == before)
+      break;                        /* the plugin said nothing new */
+  }
+  if (cur_len == 0)
+    return EINVAL;
+  uint64_t d[2] = { htobe64 (cur_len), htobe64 (cur_type) };
+  memcpy (out + 8 + 16 * n++, d, 16);
+
+  uint32_t hd[2] = { htobe32 (1), htobe32 (n) };
+  memcpy (out, hd, 8);
+  size_t len = 8 + 16 * (size_t) n;
+  r->niov = 0;
+  put_chunk (r, 0, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_BLOCK_STATUS_EXT, len, NULL, 0);
+  r->iov[r->niov++] = (struct iovec) { out, len };
+  return 0;
+}
+
+/* TRIM, WRITE_ZEROES and CACHE over a range the plugin API's 32-bit count
+ * cannot hold (extended headers) run as several calls; the first failure
+ * ends the request with its error.  Up to 4 GiB - 1 it is one call, as
+ * before. */
+static int
+top_span (struct conn *c, uint16_t type, uint64_t count, uint64_t offset, uint32_t flags)
+{
+  while (count > 0) {
+    uint32_t n = count <= UINT32_MAX ? (uint32_t) count : PLUGIN_SPAN;
+    int err = 0, rc;
+    switch (type) {
+    case NBD_CMD_TRIM:
+      rc = backend_trim (c->pc.top, n, offset, flags, &err);
+      break;
+    case NBD_CMD_WRITE_ZEROES:
+      rc = backend_zero (c->pc.top, n, offset, flags, &err);
+      break;
+    default:
+      rc = backend_cache (c->pc.top, n, offset, flags, &err);
+      break;
+    }
+    if (rc == -1)
+      return err ? err : EIO;
+    count -= n;
+    offset += n;
+  }
+  return 0;
+}
+
 static int
 do_block_status (struct request *r)
 {
   struct conn *c = r->conn;
+  if (c->extended)
+    return do_block_status_ext (r);
   bool req_one = r->flags & NBD_CMD_FLAG_REQ_ONE;
   /* nbdkit's window runs to the end of the disk, not of the request;
    * plugins are written for that, so do the same and clip afterwards. */
@@ -519,8 +677,9 @@ finish_request (struct request *r, int err)
   r->error = err;
   if (err) {
     if (err != ENOTSUP || !(r->flags & NBD_CMD_FLAG_FAST_ZERO))
-      log_debug ("%s offset %llu count %u failed: %s", nbd_cmd_name (r->type),
-                 (unsigned long long) r->offset, r->count, strerror (err));
+      log_debug ("%s offset %llu count %llu failed: %s", nbd_cmd_name (r->type),
+                 (unsigned long long) r->offset, (unsigned long long) r->count,
+                 strerror (err));
     put_error (r);
   }
   else if (r->type != NBD_CMD_READ && r->type != NBD_CMD_BLOCK_STATUS)
@@ -558,15 +717,15 @@ protocol_execute (struct request *r)
     err = backend_flush (top, 0, &err) == -1 ? err : 0;
     break;
   case NBD_CMD_TRIM:
-    err = backend_trim (top, r->count, r->offset, fua, &err) == -1 ? err : 0;
+    err = top_span (c, r->type, r->count, r->offset, fua);
     break;
   case NBD_CMD_CACHE:
-    err = backend_cache (top, r->count, r->offset, 0, &err) == -1 ? err : 0;
+    err = top_span (c, r->type, r->count, r->offset, 0);
     break;
   case NBD_CMD_WRITE_ZEROES: {
     uint32_t f = fua | (r->flags & NBD_CMD_FLAG_NO_HOLE ? 0 : NBDKIT_FLAG_MAY_TRIM)
                  | (r->flags & NBD_CMD_FLAG_FAST_ZERO ? NBDKIT_FLAG_FAST_ZERO : 0);
-    err = backend_zero (top, r->count, r->offset, f, &err) == -1 ? err : 0;
+    err = top_span (c, r->type, r->count, r->offset, f);
     break;
   }
   case NBD_CMD_BLOCK_STATUS:
@@ -614,6 +773,10 @@ protocol_start_aio (struct request *r)
   void *buf = NULL;
 
   if (!backend_aio_ready (top))
+    return false;
+  /* The aio calls take the plugin API's 32-bit count: a longer TRIM or
+   * WRITE_ZEROES (extended headers) is split by the synchronous path. */
+  if (r->count > UINT32_MAX)
     return false;
   switch (r->type) {
   case NBD_CMD_READ:
@@ -667,6 +830,68 @@ protocol_start_aio (struct request *r)
 
 /* ---- input --------------------------------------------------------- */
 
+ssize_t
+protocol_parse_header (bool extended, const uint8_t *in, size_t avail,
+                       struct protocol_header *h)
+{
+  /* The two forms share their first 24 bytes; only the length differs
+   * (32 bits at byte 24, or 64). */
+  struct nbd_extended_request x;
+  size_t len = extended ? sizeof x : sizeof (struct nbd_request);
+  if (avail < len)
+    return 0;
+  memcpy (&x, in, len);
+  if (be32toh (x.magic) != (extended ? NBD_EXTENDED_REQUEST_MAGIC : NBD_REQUEST_MAGIC))
+    return -1;
+  uint32_t count32;
+  memcpy (&count32, in + 24, 4);
+  *h = (struct protocol_header) {
+    .flags = be16toh (x.flags), .type = be16toh (x.type), .cookie = x.cookie,
+    .offset = be64toh (x.offset),
+    .length = extended ? be64toh (x.length) : be32toh (count32),
+  };
+  return len;
+}
+
+/* The most payload an extended request may announce before we stop
+ * trusting the stream: what we advertised, but never under 32 MiB, which
+ * proto.md says no one should take for an attack. */
+static uint64_t
+ext_payload_ceiling (const struct conn *c)
+{
+  const struct backend_caps *k = &c->pc.caps;
+  uint64_t max = k->block_max ? MIN (k->block_max, cfg.max_request) : cfg.max_request;
+  return max > (UINT64_C (1) << 25) ? max : UINT64_C (1) << 25;
+}
+
+enum ext_payload
+protocol_ext_payload (const struct conn *c, struct request *r, uint64_t *payload)
+{
+  *payload = 0;
+  if (!(r->flags & NBD_CMD_FLAG_PAYLOAD_LEN)) {
+    if (r->type != NBD_CMD_WRITE)
+      return EXT_PAYLOAD_NONE;
+    /* proto.md says WRITE MUST set the flag, but qemu's client (10.0)
+     * does not, and a WRITE's length can only be its payload: take it
+     * as one, as qemu-nbd does.  The ceiling below still applies. */
+  }
+  if (r->count > ext_payload_ceiling (c)) {
+    log_error ("%s: payload of %llu bytes is over the limit; closing",
+               nbd_cmd_name (r->type), (unsigned long long) r->count);
+    return EXT_PAYLOAD_CLOSE;
+  }
+  *payload = r->count;
+  if (r->type == NBD_CMD_WRITE) {
+    r->flags &= ~NBD_CMD_FLAG_PAYLOAD_LEN;   /* said what WRITE always means */
+    return EXT_PAYLOAD_NONE;
+  }
+  /* No other command takes a payload here (we do not offer
+   * NBD_FLAG_BLOCK_STATUS_PAYLOAD): read past it, then EINVAL. */
+  log_debug ("%s: unexpected payload of %llu bytes", nbd_cmd_name (r->type),
+             (unsigned long long) r->count);
+  return EXT_PAYLOAD_REFUSE;
+}
+
 unsigned
 protocol_payload_iov (struct request *r, uint32_t have, struct iovec *v, unsigned max)
 {
@@ -710,8 +935,9 @@ place_payload (struct conn *c, struct request *r)
   backend_unlock_request (&c->pc);
   if (rc == -1) {
     if (err != ENOTSUP && err != E2BIG)
-      log_debug ("WRITE offset %llu count %u: no place for the payload (%s); copying",
-                 (unsigned long long) r->offset, r->count, strerror (err));
+      log_debug ("WRITE offset %llu count %llu: no place for the payload (%s); copying",
+                 (unsigned long long) r->offset, (unsigned long long) r->count,
+                 strerror (err));
     return false;
   }
   r->placed = true;
@@ -821,16 +1047,18 @@ protocol_consume (struct conn *c)
     }
     if (c->inflight >= cfg.max_inflight)
       return 0;
-    if (avail < sizeof (struct nbd_request))
+    struct protocol_header h;
+    ssize_t hlen = protocol_parse_header (c->extended, in, avail, &h);
+    if (hlen == 0)
       return 0;
-
-    struct nbd_request h;
-    memcpy (&h, in, sizeof h);
-    c->roff += sizeof h;
-    if (be32toh (h.magic) != NBD_REQUEST_MAGIC) {
-      log_error ("bad request magic 0x%08x; closing", be32toh (h.magic));
+    if (hlen < 0) {
+      uint32_t magic;
+      memcpy (&magic, in, 4);
+      log_error ("bad request magic 0x%08x (%s headers negotiated); closing",
+                 be32toh (magic), c->extended ? "extended" : "compact");
       return -1;
     }
+    c->roff += hlen;
     struct request *r = request_get (c->shard->pool);
     if (!r) {
       log_error ("out of memory for a request; closing");
@@ -838,10 +1066,10 @@ protocol_consume (struct conn *c)
     }
     r->conn = c;
     r->cookie = h.cookie;
-    r->offset = be64toh (h.offset);
-    r->count = be32toh (h.count);
-    r->flags = be16toh (h.flags);
-    r->type = be16toh (h.type);
+    r->offset = h.offset;
+    r->count = h.length;
+    r->flags = h.flags;
+    r->type = h.type;
     c->inflight++;
 
     if (r->type == NBD_CMD_DISC) {
@@ -851,11 +1079,21 @@ protocol_consume (struct conn *c)
       c->read_block |= CONN_READ_CLOSING;
       return 0;
     }
+    uint64_t payload = 0;
+    enum ext_payload ep = c->extended ? protocol_ext_payload (c, r, &payload)
+                                      : EXT_PAYLOAD_NONE;
+    if (ep == EXT_PAYLOAD_CLOSE) {
+      request_put (c->shard->pool, r);
+      c->inflight--;
+      return -1;
+    }
     delayacct_parsed (c, r);
-    int err = protocol_validate (c, r);
+    int err = ep == EXT_PAYLOAD_REFUSE ? EINVAL : protocol_validate (c, r);
     if (err) {
       if (r->type == NBD_CMD_WRITE)
         c->discard_left = r->count;  /* keep in step with the stream */
+      else
+        c->discard_left = payload;   /* extended: a payload no command takes */
       fail_request (c, r, err);
       continue;
     }

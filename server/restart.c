@@ -88,7 +88,8 @@
 #define CF_STRUCTURED       1u      /* conn flags */
 #define CF_META_BASE_ALLOC  2u
 #define CF_NO_ZEROES        4u
-#define CF_ALL              7u
+#define CF_EXTENDED         8u      /* 32-byte requests, extended replies */
+#define CF_ALL              15u
 
 /* One connection passed between images: what the handshake agreed. */
 struct handed {
@@ -366,7 +367,8 @@ parse_conns (struct reader *r)
       h.bs[k] = rd32 (r);
     uint32_t peer_len = rd32 (r), name_len = rd32 (r);
     if (r->bad || peer_len >= sizeof h.peer || name_len > NBD_MAX_STRING
-        || (h.cflags & ~CF_ALL) || eflags > UINT16_MAX || !(eflags & NBD_FLAG_HAS_FLAGS)
+        || (h.cflags & ~CF_ALL) || eflags > UINT16_MAX
+        || ((h.cflags & CF_EXTENDED) && !(h.cflags & CF_STRUCTURED)) || !(eflags & NBD_FLAG_HAS_FLAGS)
         || h.size > INT64_MAX) {
       log_error ("live restart: connection record %u is malformed", i);
       goto bad;
@@ -837,6 +839,7 @@ shard_adopt (struct shard *s, void *arg)
     c->structured = h->cflags & CF_STRUCTURED;
     c->meta_base_allocation = h->cflags & CF_META_BASE_ALLOC;
     c->no_zeroes = h->cflags & CF_NO_ZEROES;
+    c->extended = h->cflags & CF_EXTENDED;
     c->fixed_newstyle = true;
     c->export_name = h->name;
     h->name = NULL;
@@ -1030,7 +1033,8 @@ shard_detach (struct shard *s, void *arg)
     }
     h->cflags = (c->structured ? CF_STRUCTURED : 0)
                 | (c->meta_base_allocation ? CF_META_BASE_ALLOC : 0)
-                | (c->no_zeroes ? CF_NO_ZEROES : 0);
+                | (c->no_zeroes ? CF_NO_ZEROES : 0)
+                | (c->extended ? CF_EXTENDED : 0);
     h->size = c->pc.caps.size;
     h->eflags = handshake_export_flags (c);
     handshake_block_sizes (c, &h->bs[0], &h->bs[1], &h->bs[2]);

@@ -71,10 +71,10 @@ def still_in_sync(c, what):
 srv = Server(["ram", "size=64M"], opts=EXTRA_OPTS)
 
 
-@case("unknown options 0, 4 (withdrawn), 11 (extended headers), 0x1234, 0xffffffff")
+@case("unknown options 0, 4 (withdrawn), 12, 0x1234, 0xffffffff")
 def _():
     c = fresh(srv)
-    for opt in (0, 4, NBD_OPT_EXTENDED_HEADERS, 0x1234, 0xffffffff):
+    for opt in (0, 4, 12, 0x1234, 0xffffffff):
         expect_reply(c, opt, b"", NBD_REP_ERR_UNSUP, "option %#x answer" % opt)
     expect_reply(c, 0x1234, os.urandom(1000), NBD_REP_ERR_UNSUP,
                  "unknown option with 1000 bytes of data")
@@ -91,12 +91,12 @@ def _():
     still_in_sync(c, "option at the cap")
 
 
-@case("GO/INFO/LIST/STARTTLS/STRUCTURED_REPLY/META of 1 MiB: ERR_TOO_BIG, in sync")
+@case("GO/INFO/LIST/STARTTLS/STRUCTURED_REPLY/META/EXTENDED_HEADERS of 1 MiB: ERR_TOO_BIG")
 def _():
     c = fresh(srv)
     for opt in (NBD_OPT_GO, NBD_OPT_INFO, NBD_OPT_LIST, NBD_OPT_STARTTLS,
                 NBD_OPT_STRUCTURED_REPLY, NBD_OPT_LIST_META_CONTEXT,
-                NBD_OPT_SET_META_CONTEXT, NBD_OPT_ABORT):
+                NBD_OPT_SET_META_CONTEXT, NBD_OPT_EXTENDED_HEADERS, NBD_OPT_ABORT):
         expect_reply(c, opt, os.urandom(MiB), NBD_REP_ERR_TOO_BIG,
                      "option %d with 1 MiB of data" % opt)
     still_in_sync(c, "1 MiB options")
@@ -222,10 +222,11 @@ def _():
     still_in_sync(c, "malformed GO/INFO")
 
 
-@case("LIST, STRUCTURED_REPLY, STARTTLS with data: ERR_INVALID")
+@case("LIST, STRUCTURED_REPLY, STARTTLS, EXTENDED_HEADERS with data: ERR_INVALID")
 def _():
     c = fresh(srv)
-    for opt in (NBD_OPT_LIST, NBD_OPT_STRUCTURED_REPLY, NBD_OPT_STARTTLS):
+    for opt in (NBD_OPT_LIST, NBD_OPT_STRUCTURED_REPLY, NBD_OPT_STARTTLS,
+                NBD_OPT_EXTENDED_HEADERS):
         for n in (1, 4, 4096):
             expect_reply(c, opt, b"\1" * n, NBD_REP_ERR_INVALID,
                          "option %d with %d bytes of data" % (opt, n))

@@ -423,6 +423,8 @@ NBD_REP_MAGIC = 0x3e889045565a9
 NBD_REQUEST_MAGIC = 0x25609513
 NBD_SIMPLE_REPLY_MAGIC = 0x67446698
 NBD_STRUCTURED_REPLY_MAGIC = 0x668e33ef
+NBD_EXTENDED_REQUEST_MAGIC = 0x21e41c71
+NBD_EXTENDED_REPLY_MAGIC = 0x6e8a278c
 
 NBD_FLAG_FIXED_NEWSTYLE = 1 << 0
 NBD_FLAG_NO_ZEROES = 1 << 1
@@ -436,6 +438,7 @@ NBD_OPT_GO = 7
 NBD_OPT_STRUCTURED_REPLY = 8
 NBD_OPT_LIST_META_CONTEXT = 9
 NBD_OPT_SET_META_CONTEXT = 10
+NBD_OPT_EXTENDED_HEADERS = 11
 
 NBD_REP_ACK = 1
 NBD_REP_SERVER = 2
@@ -445,6 +448,8 @@ NBD_REP_ERR_UNSUP = 0x80000001
 NBD_REP_ERR_POLICY = 0x80000002
 NBD_REP_ERR_INVALID = 0x80000003
 NBD_REP_ERR_UNKNOWN = 0x80000006
+NBD_REP_ERR_TLS_REQD = 0x80000005
+NBD_REP_ERR_EXT_HEADER_REQD = 0x8000000a
 
 NBD_INFO_EXPORT = 0
 NBD_INFO_NAME = 1
@@ -474,12 +479,14 @@ NBD_CMD_BLOCK_STATUS = 7
 NBD_CMD_FLAG_FUA = 1 << 0
 NBD_CMD_FLAG_DF = 1 << 2
 NBD_CMD_FLAG_REQ_ONE = 1 << 3
+NBD_CMD_FLAG_PAYLOAD_LEN = 1 << 5
 
 NBD_REPLY_FLAG_DONE = 1
 NBD_REPLY_TYPE_NONE = 0
 NBD_REPLY_TYPE_OFFSET_DATA = 1
 NBD_REPLY_TYPE_OFFSET_HOLE = 2
 NBD_REPLY_TYPE_BLOCK_STATUS = 5
+NBD_REPLY_TYPE_BLOCK_STATUS_EXT = 6
 NBD_REPLY_TYPE_ERROR = (1 << 15) + 1
 NBD_REPLY_TYPE_ERROR_OFFSET = (1 << 15) + 2
 
@@ -487,6 +494,7 @@ NBD_EPERM = 1
 NBD_EIO = 5
 NBD_EINVAL = 22
 NBD_ENOSPC = 28
+NBD_EOVERFLOW = 75
 NBD_ENOTSUP = 95
 
 
@@ -524,6 +532,7 @@ class RawClient:
     def __init__(self, server, timeout=10):
         self.sock = server.connect_socket(timeout)
         self.structured = False
+        self.extended = False      # 32-byte requests and replies once negotiated
         self.server_flags = None
 
     def close(self):
@@ -583,6 +592,12 @@ class RawClient:
             self.structured = True
         return rtype
 
+    def extended_headers(self, data=b""):
+        _, rtype, _ = self.opt_replies(NBD_OPT_EXTENDED_HEADERS, data)
+        if rtype == NBD_REP_ACK:
+            self.extended = self.structured = True
+        return rtype
+
     @staticmethod
     def info_go_payload(name=b"", infos=()):
         return (struct.pack(">I", len(name)) + name + struct.pack(">H", len(infos))
@@ -626,10 +641,13 @@ class RawClient:
             ctx.append((struct.unpack(">I", d[:4])[0], d[4:]))
         return rtype, ctx
 
-    def handshake(self, structured=True, meta=False, name=b""):
+    def handshake(self, structured=True, meta=False, name=b"", extended=False):
         """Whole handshake up to transmission via GO."""
         self.start()
-        if structured:
+        if extended:
+            if self.extended_headers() != NBD_REP_ACK:
+                raise ProtocolError("EXTENDED_HEADERS refused")
+        elif structured:
             if self.structured_reply() != NBD_REP_ACK:
                 raise ProtocolError("STRUCTURED_REPLY refused")
         if meta:
@@ -647,14 +665,29 @@ class RawClient:
     def request(cmd, offset=0, length=0, cookie=1, flags=0, magic=NBD_REQUEST_MAGIC):
         return struct.pack(">IHHQQI", magic, flags, cmd, cookie, offset, length)
 
+    @staticmethod
+    def ext_request(cmd, offset=0, length=0, cookie=1, flags=0,
+                    magic=NBD_EXTENDED_REQUEST_MAGIC):
+        return struct.pack(">IHHQQQ", magic, flags, cmd, cookie, offset, length)
+
     def send_request(self, cmd, offset=0, length=0, cookie=1, flags=0, payload=b""):
-        self.sock.sendall(self.request(cmd, offset, length, cookie, flags) + payload)
+        """Compact or extended, as negotiated; an extended WRITE carries
+        NBD_CMD_FLAG_PAYLOAD_LEN as proto.md requires."""
+        if self.extended:
+            if cmd == NBD_CMD_WRITE:
+                flags |= NBD_CMD_FLAG_PAYLOAD_LEN
+            hdr = self.ext_request(cmd, offset, length, cookie, flags)
+        else:
+            hdr = self.request(cmd, offset, length, cookie, flags)
+        self.sock.sendall(hdr + payload)
 
     def recv_reply(self, read_len=0):
         """One whole reply.  Returns (cookie, error, chunks, data) where
         chunks lists (type, flags, payload) for structured replies and data
         is the payload of a simple read reply (read_len bytes on success)."""
         magic = struct.unpack(">I", self.recv(4))[0]
+        if magic == NBD_EXTENDED_REPLY_MAGIC:
+            return self._recv_ext_reply()
         if magic == NBD_SIMPLE_REPLY_MAGIC:
             error, cookie = struct.unpack(">IQ", self.recv(12))
             data = self.recv(read_len) if (read_len and error == 0) else b""
@@ -673,6 +706,27 @@ class RawClient:
             magic = struct.unpack(">I", self.recv(4))[0]
             if magic != NBD_STRUCTURED_REPLY_MAGIC:
                 raise ProtocolError("bad chunk magic %#x" % magic)
+
+    def _recv_ext_reply(self):
+        """The rest of an extended reply whose first magic was read: chunks
+        as recv_reply returns them; self.reply_offsets lists each chunk
+        header's offset field (it must echo the request's)."""
+        chunks, error = [], 0
+        self.reply_offsets = []
+        while True:
+            flags, ctype, cookie, offset, length = struct.unpack(">HHQQQ", self.recv(28))
+            if length > 1 << 32:
+                raise ProtocolError("extended reply length %d" % length)
+            payload = self.recv(length) if length else b""
+            chunks.append((ctype, flags, payload))
+            self.reply_offsets.append(offset)
+            if ctype & 0x8000:
+                error = struct.unpack(">I", payload[:4])[0]
+            if flags & NBD_REPLY_FLAG_DONE:
+                return cookie, error, chunks, b""
+            magic = struct.unpack(">I", self.recv(4))[0]
+            if magic != NBD_EXTENDED_REPLY_MAGIC:
+                raise ProtocolError("bad extended chunk magic %#x" % magic)
 
     def disconnect(self):
         try:
