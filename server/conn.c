@@ -830,6 +830,10 @@ drop_unstarted (struct conn *c)
     request_free (c, c->stalled_req);
     c->stalled_req = NULL;
   }
+  if (c->discard_req) {
+    request_free (c, c->discard_req);
+    c->discard_req = NULL;
+  }
 }
 
 static void

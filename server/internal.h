@@ -391,6 +391,8 @@ struct conn {
   struct request *recv_req;
   uint32_t recv_have;
   uint64_t discard_left;
+  struct request *discard_req;    /* failed before its payload: answered once
+                                     discard_left reaches 0 */
   bool write_stream;              /* last request a WRITE read straight into place */
   int rcvlowat;                   /* SO_RCVLOWAT now set (conn_set_lowat) */
   bool lowat_off;                 /* the socket refused it: leave it alone */

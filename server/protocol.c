@@ -990,6 +990,22 @@ fail_request (struct conn *c, struct request *r, int err)
   conn_on_complete (r);
 }
 
+/* A request that fails while its payload is still on the way is answered
+ * only once that payload is skipped: a client matches a reply only to a
+ * request it has finished sending (libnbd calls any other a server bug
+ * and gives up on the connection). */
+static void
+fail_after_payload (struct conn *c, struct request *r, int err, uint64_t payload)
+{
+  if (payload == 0) {
+    fail_request (c, r, err);
+    return;
+  }
+  r->error = err;
+  c->discard_left = payload;
+  c->discard_req = r;
+}
+
 bool
 protocol_retry_stalled (struct conn *c)
 {
@@ -1000,9 +1016,7 @@ protocol_retry_stalled (struct conn *c)
     if (errno == ENOBUFS)
       return false;
     c->stalled_req = NULL;
-    if (r->type == NBD_CMD_WRITE)
-      c->discard_left = r->count;
-    fail_request (c, r, ENOMEM);
+    fail_after_payload (c, r, ENOMEM, r->type == NBD_CMD_WRITE ? r->count : 0);
     return true;
   }
   c->stalled_req = NULL;
@@ -1026,6 +1040,11 @@ protocol_consume (struct conn *c)
       c->discard_left -= k;
       if (c->discard_left)
         return 0;
+      if (c->discard_req) {
+        struct request *failed = c->discard_req;
+        c->discard_req = NULL;
+        fail_request (c, failed, failed->error);
+      }
       continue;
     }
     if (c->recv_req) {
@@ -1090,11 +1109,9 @@ protocol_consume (struct conn *c)
     delayacct_parsed (c, r);
     int err = ep == EXT_PAYLOAD_REFUSE ? EINVAL : protocol_validate (c, r);
     if (err) {
-      if (r->type == NBD_CMD_WRITE)
-        c->discard_left = r->count;  /* keep in step with the stream */
-      else
-        c->discard_left = payload;   /* extended: a payload no command takes */
-      fail_request (c, r, err);
+      /* Keep in step with the stream: skip a WRITE's payload, or with
+       * extended headers a payload no command takes. */
+      fail_after_payload (c, r, err, r->type == NBD_CMD_WRITE ? r->count : payload);
       continue;
     }
     if (r->type == NBD_CMD_WRITE && place_payload (c, r)) {
@@ -1108,9 +1125,7 @@ protocol_consume (struct conn *c)
         shard_wait_buffers (c->shard, c);
         return 0;
       }
-      if (r->type == NBD_CMD_WRITE)
-        c->discard_left = r->count;
-      fail_request (c, r, ENOMEM);
+      fail_after_payload (c, r, ENOMEM, r->type == NBD_CMD_WRITE ? r->count : 0);
       continue;
     }
     start_request (c, r);

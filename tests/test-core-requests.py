@@ -177,6 +177,13 @@ if blkd_only("max request advertised as 32 MiB and a 33 MiB read refused",
     expect_nbd_error(lambda: h.pread(33 * MiB, 0),
                      (errno.EINVAL, errno.EOVERFLOW, errno.ENOMEM, errno.ERANGE), "33 MiB read")
     still_works("33 MiB read")
+    # A WRITE over the maximum is answered only after its payload has been
+    # read and skipped: libnbd matches a reply only to a request it has
+    # finished sending, and an early reply killed the connection.
+    expect_nbd_error(lambda: h.pwrite(b"\xab" * (56 * MiB), 0),
+                     (errno.EINVAL, errno.EOVERFLOW, errno.ENOMEM, errno.ERANGE), "56 MiB write")
+    still_works("56 MiB write")
+    check(h.pread(64, 4 * MiB) == bytes(64), "the refused 56 MiB write wrote nothing")
     got = h.pread(32 * MiB, 0)
     check(got[:4 * MiB] == expect and got[4 * MiB:] == bytes(28 * MiB),
           "a read of exactly the maximum (32 MiB) works")
