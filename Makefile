@@ -118,6 +118,7 @@ include tests/tests.mk
 include deploy/deploy.mk
 include fuzz/fuzz.mk
 include man/man.mk
+include tests/vm/vm.mk
 
 # Install only what is missing: a machine that has everything runs no apt.
 deps:
