@@ -11,6 +11,7 @@ struct blkd_config cfg = {
   .dispatch = DISPATCH_AUTO,
   .sparse_reads = SPARSE_READS_AUTO,
   .handshake_timeout = 10,
+  .restart_timeout = 10,          /* as the SIGTERM drain waits */
   .tls = TLS_OFF,
   .tls_seal = TLS_SEAL_OPENSSL,     /* --tls-seal=blkd is the opt-in */
   .delayacct = DELAYACCT_COMPACT,

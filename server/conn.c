@@ -45,6 +45,7 @@
 static atomic_ullong next_conn_id = 1;
 
 static void conn_on_read (evutil_socket_t fd, short what, void *arg);
+static size_t handoff_need (const struct conn *c);
 static void conn_on_write (evutil_socket_t fd, short what, void *arg);
 static void conn_on_input (evutil_socket_t fd, short what, void *arg);
 static void conn_on_stall (evutil_socket_t fd, short what, void *arg);
@@ -393,6 +394,8 @@ conn_flush (struct conn *c)
   if (conn_maybe_free (c))
     return;
   resume_if_unblocked (c);
+  if (__builtin_expect (c->handoff, 0))
+    restart_conn_progress (c);
 }
 
 static void
@@ -500,9 +503,15 @@ static ssize_t
 read_some (struct conn *c)
 {
   ssize_t n;
-  size_t want;
+  size_t want, need = SIZE_MAX;
   struct request *r = c->recv_req;
 
+  /* A live restart waits for this request to arrive whole; the next one
+   * stays in the socket for the next image. */
+  if (__builtin_expect (c->handoff, 0) && (need = handoff_need (c)) == 0) {
+    c->read_drained = true;
+    return -2;
+  }
   if (r && r->count - c->recv_have >= DIRECT_THRESHOLD && c->roff == c->rlen) {
     /* Into the payload's buffer, or the pieces the plugin placed it in,
      * and the next request's header into rbuf in the same readv: a client
@@ -517,7 +526,7 @@ read_some (struct conn *c)
       payload += v[i].iov_len;
     want = payload;
     c->roff = c->rlen = 0;
-    if (!c->tls && payload == r->count - c->recv_have) {
+    if (!c->tls && payload == r->count - c->recv_have && !c->handoff) {
       v[nv++] = (struct iovec) { c->rbuf, sizeof (struct nbd_request) };
       want += sizeof (struct nbd_request);
     }
@@ -555,6 +564,8 @@ read_some (struct conn *c)
     if (c->rlen == c->rcap)
       return -3;                    /* full: the parser is waiting on us */
     want = c->rcap - c->rlen;
+    if (want > need)
+      want = need;
     n = conn_recv (c, c->rbuf + c->rlen, want);
     if (n > 0)
       c->rlen += n;
@@ -667,6 +678,8 @@ conn_pump (struct conn *c, bool do_read)
   }
   if (!c->tls && c->fd >= 0 && c->phase == CONN_TRANSMISSION)
     conn_set_lowat (c);
+  if (c->handoff && c->fd >= 0 && handoff_need (c) == 0)
+    pause_reading (c);              /* at a request boundary: no more input */
   /* TLS may hold whole records the socket will not announce again. */
   if (c->tls && !blocked && !(c->read_block & CONN_READ_PAUSED) && tls_pending (c))
     event_active (c->ev_read, EV_READ, 1);
@@ -714,7 +727,7 @@ conn_resume_reading (struct conn *c)
 {
   if (c->fd < 0 || (c->read_block & CONN_READ_CLOSING) || c->phase == CONN_CLOSING)
     return;
-  if (c->read_block & CONN_READ_PAUSED) {
+  if ((c->read_block & CONN_READ_PAUSED) && !(c->handoff && handoff_need (c) == 0)) {
     c->read_block &= ~CONN_READ_PAUSED;
     event_add (c->ev_read, NULL);
   }
@@ -741,6 +754,50 @@ conn_shutdown (struct conn *c)
     return;
   }
   conn_flush (c);
+}
+
+/* ---- live restart (restart.c) ---------------------------------------- */
+
+/* Bytes still to read from the socket to finish the request whose start
+ * is buffered: its header's rest, its payload's rest, or the rest of a
+ * payload being discarded; 0 when what is buffered ends at a request
+ * boundary (complete headers still buffered are parsed first). */
+static size_t
+handoff_need (const struct conn *c)
+{
+  size_t avail = c->rlen - c->roff;
+  if (c->recv_req) {
+    uint64_t left = c->recv_req->count - c->recv_have;
+    return left > avail ? left - avail : 0;
+  }
+  if (c->discard_left)
+    return c->discard_left > avail ? c->discard_left - avail : 0;
+  return avail > 0 && avail < sizeof (struct nbd_request)
+         ? sizeof (struct nbd_request) - avail : 0;
+}
+
+void
+conn_quiesce (struct conn *c, bool on)
+{
+  log_current = &c->log;
+  c->handoff = on;
+  if (on) {
+    if (handoff_need (c) == 0)
+      pause_reading (c);
+    conn_flush (c);               /* may find it ready at once */
+  }
+  else
+    resume_if_unblocked (c);
+  log_current = NULL;
+}
+
+bool
+conn_handoff_ready (const struct conn *c)
+{
+  return c->handoff && c->fd >= 0 && !c->tls && c->phase == CONN_TRANSMISSION
+         && !(c->read_block & CONN_READ_CLOSING) && c->inflight == 0 && !c->recv_req
+         && !c->stalled_req && !c->discard_left && c->rlen == c->roff && !c->sendq_head
+         && c->olen == c->ooff;
 }
 
 /* Release requests that never reached the plugin. */

@@ -62,8 +62,8 @@ handshake_start (struct conn *c)
 }
 
 /* The transmission flags for the open export. */
-static uint16_t
-export_flags (struct conn *c)
+uint16_t
+handshake_export_flags (struct conn *c)
 {
   const struct backend_caps *k = &c->pc.caps;
   uint16_t f = NBD_FLAG_HAS_FLAGS;
@@ -93,8 +93,8 @@ export_flags (struct conn *c)
 }
 
 /* The block size constraints we advertise (and enforce in protocol.c). */
-static void
-block_sizes (struct conn *c, uint32_t *min, uint32_t *pref, uint32_t *max)
+void
+handshake_block_sizes (struct conn *c, uint32_t *min, uint32_t *pref, uint32_t *max)
 {
   const struct backend_caps *k = &c->pc.caps;
   if (k->block_min) {
@@ -179,7 +179,7 @@ opt_info_go (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
 
   uint8_t exp[10];
   uint64_t size = htobe64 ((uint64_t) c->pc.caps.size);
-  uint16_t flags = htobe16 (export_flags (c));
+  uint16_t flags = htobe16 (handshake_export_flags (c));
   memcpy (exp, &size, 8);
   memcpy (exp + 8, &flags, 2);
   if (send_info (c, option, NBD_INFO_EXPORT, exp, sizeof exp) == -1)
@@ -195,7 +195,7 @@ opt_info_go (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
   }
   /* Always sent: a client that did not ask may ignore it (proto.md). */
   uint32_t bs[3];
-  block_sizes (c, &bs[0], &bs[1], &bs[2]);
+  handshake_block_sizes (c, &bs[0], &bs[1], &bs[2]);
   for (int i = 0; i < 3; i++)
     bs[i] = htobe32 (bs[i]);
   if (send_info (c, option, NBD_INFO_BLOCK_SIZE, bs, sizeof bs) == -1)
@@ -225,7 +225,7 @@ opt_export_name (struct conn *c, const uint8_t *d, uint32_t len)
     return -1;
   uint8_t r[10 + 124];
   uint64_t size = htobe64 ((uint64_t) c->pc.caps.size);
-  uint16_t flags = htobe16 (export_flags (c));
+  uint16_t flags = htobe16 (handshake_export_flags (c));
   memcpy (r, &size, 8);
   memcpy (r + 8, &flags, 2);
   memset (r + 10, 0, 124);

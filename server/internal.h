@@ -47,6 +47,7 @@
 
 struct event_base;
 struct event;
+struct shard_call;                  /* shard.c */
 struct shard_stats;                 /* delayacct.h */
 struct conn_stats;                  /* delayacct.h */
 
@@ -95,6 +96,8 @@ struct blkd_config {
   unsigned idle_timeout;          /* --idle-timeout seconds; 0: none */
   unsigned poll_us;               /* --poll-us: poll window while requests come close
                                      together (shard_main); 0: never poll */
+  unsigned restart_timeout;       /* --restart-timeout seconds: a live restart's wait
+                                     for each connection's request to finish */
 
   /* TLS (tls.c). */
   enum tls_mode tls;
@@ -379,6 +382,10 @@ struct conn {
 
   /* TLS (tls.c): the session once STARTTLS was accepted, NULL in clear. */
   void *tls;
+
+  /* Live restart (restart.c): take no new request; input is read only to
+   * finish the one it is in (conn.c's handoff_need). */
+  bool handoff;
 };
 
 struct conn *conn_new (struct shard *s, int fd, const char *peer);
@@ -389,6 +396,11 @@ void conn_shutdown (struct conn *c);             /* drain, then close */
 void conn_resume_reading (struct conn *c);
 int conn_out_append (struct conn *c, const void *data, size_t len);
 void conn_close_now (struct conn *c);
+/* Live restart: stop (on) or resume (off) taking new requests. */
+void conn_quiesce (struct conn *c, bool on);
+/* Quiesced, nothing in flight, nothing buffered either way: the socket
+ * can change hands between two requests. */
+bool conn_handoff_ready (const struct conn *c);
 
 /* ---- TLS (tls.c) ------------------------------------------------------ */
 
@@ -412,6 +424,10 @@ bool tls_send_waits_input (struct conn *c);  /* sending waits for the client's b
 /* ---- handshake (handshake.c) ----------------------------------------- */
 
 void handshake_start (struct conn *c);
+/* What the handshake told the client about its open export; a live
+ * restart checks that a reopened export still says the same. */
+uint16_t handshake_export_flags (struct conn *c);
+void handshake_block_sizes (struct conn *c, uint32_t *min, uint32_t *pref, uint32_t *max);
 /* Consume handshake bytes from c->rbuf; 0 to continue, -1 to close. */
 int handshake_consume (struct conn *c);
 
@@ -447,6 +463,7 @@ struct shard {
   uint64_t reader_changes;        /* times it was another connection than before */
   unsigned lowat_conns;           /* conns waiting on a payload under SO_RCVLOWAT */
   struct shard_stats *stats;      /* counters and delay accounting (delayacct.c) */
+  struct shard_call *calls;       /* run on this thread (shard_call); under lock */
 };
 
 extern struct shard *shards;
@@ -463,6 +480,12 @@ void shard_mark_flush (struct shard *s, struct conn *c);
 void shard_flush_marked (struct shard *s);
 void shard_conn_gone (struct shard *s, struct conn *c);
 unsigned shard_total_conns (void);
+/* Run fn on s's thread, after what it has queued (main thread); -1 when
+ * out of memory. */
+int shard_call (struct shard *s, void (*fn) (struct shard *, void *), void *arg);
+/* A connection that did not come through the acceptor (a live restart's),
+ * counted as shard_handoff counts; on s's thread.  NULL + errno. */
+struct conn *shard_conn_adopt (struct shard *s, int fd, const char *peer);
 
 /* ---- work queues (queue.c) ------------------------------------------- */
 
@@ -483,6 +506,38 @@ void listen_cleanup (void);                       /* unlink Unix socket */
 const char *listen_uri (void);
 const char *listen_port (void);
 const char *listen_unix_path (void);
+/* Live restart: stop (true) or resume accepting; the listening fds. */
+void listen_hold (bool hold);
+const int *listen_fds_get (int *n);
+
+/* ---- live restart (restart.c) ------------------------------------------ */
+
+#define RESTART_ENV "BLKD_RESTART_FD"
+/* First thing in main: the command line and binary a restart execs. */
+void restart_save_argv (int argc, char **argv);
+/* Start-up, after the options: read the state a live restart passed in
+ * RESTART_ENV (if any).  Never fails: a state that does not parse is
+ * logged and its connections closed. */
+void restart_init (void);
+bool restart_adopting (void);     /* this image was started by a live restart */
+/* listen.c: add the inherited listening sockets; their count (0: none). */
+int restart_listeners (int (*add) (int fd), bool *unix_created);
+/* After the shards and listeners start: serve the inherited connections. */
+void restart_adopt_conns (void);
+/* SIGUSR2, on the main loop. */
+void restart_begin (struct event_base *main_base);
+/* main's exit path: the sockets stay open and restart_exec follows. */
+bool restart_exec_pending (void);
+/* After the plugin is unloaded: exec the binary; returns only if no
+ * image could be started. */
+void restart_exec (void);
+/* Exit path, once the shards are stopped, before the main loop is freed. */
+void restart_cleanup (void);
+/* Hooks: a quiesced connection moved on (conn.c), one left (shard.c). */
+void restart_conn_progress (struct conn *c);
+void restart_shard_conn_gone (struct shard *s);
+uint64_t restart_count (void);
+uint64_t restart_handed_total (void);
 
 /* ---- -D NAME.FLAG=N (debugflags.c) ------------------------------------ */
 

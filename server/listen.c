@@ -33,6 +33,7 @@ static bool created_unix_socket;
 static char bound_port[16];
 static char uri[512];
 static int single_fd = -1;              /* -s: our dup of stdin until handed over */
+static bool accept_held;                /* a live restart is quiescing */
 
 const char *listen_port (void) { return bound_port; }
 const char *listen_unix_path (void) { return cfg.unix_path; }
@@ -159,10 +160,16 @@ setup_vsock (const char *port)
     close (fd);
     return -1;
   }
+  return add_fd (fd);
+}
+
+static void
+vsock_bound_port (int fd)
+{
+  struct sockaddr_vm sa;
   socklen_t sl = sizeof sa;
   if (getsockname (fd, (struct sockaddr *) &sa, &sl) == 0)
     snprintf (bound_port, sizeof bound_port, "%u", sa.svm_port);
-  return add_fd (fd);
 }
 
 /* -s: fd 0 and fd 1 must be one socket (libnbd's connect_command, inetd's
@@ -245,30 +252,34 @@ listen_setup (void)
 static int
 listen_bind (void)
 {
-  int n = setup_socket_activation ();
+  /* A live restart's sockets, else systemd's; n > 0 skips binding. */
+  int n = restart_listeners (add_fd, &created_unix_socket);
+  if (n == 0)
+    n = setup_socket_activation ();
   if (n < 0)
     return -1;
   const char *export = cfg.export_name ? cfg.export_name : "";
-  if (n > 0) {
+  if (n > 0 && cfg.socket_activated) {
     snprintf (uri, sizeof uri, "nbd://localhost/%s", export);
     return 0;
   }
   const char *s = cfg.tls == TLS_REQUIRE ? "s" : "";
   if (cfg.unix_path) {
-    if (setup_unix (cfg.unix_path) == -1)
+    if (n == 0 && setup_unix (cfg.unix_path) == -1)
       return -1;
     snprintf (uri, sizeof uri, "nbd%s+unix:///%s?socket=%s", s, export, cfg.unix_path);
     return 0;
   }
   const char *port = cfg.port ? cfg.port : "10809";
   if (cfg.vsock) {
-    if (setup_vsock (port) == -1)
+    if (n == 0 && setup_vsock (port) == -1)
       return -1;
+    vsock_bound_port (listen_fds[0]);
     /* CID 1 is this host (VMADDR_CID_LOCAL); a guest uses our CID. */
     snprintf (uri, sizeof uri, "nbd%s+vsock://1:%s/%s", s, bound_port, export);
     return 0;
   }
-  if (setup_tcp (cfg.ip, port) == -1)
+  if (n == 0 && setup_tcp (cfg.ip, port) == -1)
     return -1;
   /* Port 0 means "any": report the one the kernel chose. */
   struct sockaddr_storage ss;
@@ -320,7 +331,7 @@ pause_accepting (double seconds)
 static void
 resume_accepting (evutil_socket_t fd, short what, void *arg)
 {
-  if (atomic_load (&server_stopping))
+  if (atomic_load (&server_stopping) || accept_held)
     return;
   for (int i = 0; i < nlisten; i++)
     event_add (listen_evs[i], NULL);
@@ -385,6 +396,30 @@ listen_start (struct event_base *main_base)
       return -1;
   }
   return 0;
+}
+
+/* A live restart: connections wait in the kernel's backlog, for this
+ * image if the restart is called off, else for the next. */
+void
+listen_hold (bool hold)
+{
+  accept_held = hold;
+  if (retry_ev)
+    evtimer_del (retry_ev);
+  for (int i = 0; i < nlisten; i++)
+    if (listen_evs[i]) {
+      if (hold)
+        event_del (listen_evs[i]);
+      else
+        event_add (listen_evs[i], NULL);
+    }
+}
+
+const int *
+listen_fds_get (int *n)
+{
+  *n = nlisten;
+  return listen_fds;
 }
 
 void

@@ -63,6 +63,17 @@ on_sighup (evutil_socket_t fd, short what, void *arg)
     tls_reload ();
 }
 
+/* SIGUSR2: live restart (restart.c), on the main loop. */
+static void
+on_sigusr2 (evutil_socket_t fd, short what, void *arg)
+{
+  if (cfg.run_cmd || cfg.single || run_tmpdir)
+    log_warn ("SIGUSR2: no live restart with --run, -s or -U -: nothing would take "
+              "the connections over");
+  else
+    restart_begin (main_base);
+}
+
 static void
 on_stop (evutil_socket_t fd, short what, void *arg)
 {
@@ -160,6 +171,9 @@ usage (FILE *f)
 "                         (default 10; 0: never)\n"
 "      --idle-timeout S   drop clients with nothing in flight for S seconds\n"
 "                         (default 0: never)\n"
+"      --restart-timeout S  live restart (SIGUSR2): how long a connection's\n"
+"                         half-received request may take to arrive before the\n"
+"                         connection is closed instead of handed over (default 10)\n"
 "\n"
 "TLS (nbdkit's options):\n"
 "      --tls MODE         off (default), on (clients may use TLS), require\n"
@@ -232,7 +246,7 @@ parse_choice (const char *opt, const char *arg, const char *const *choices)
 enum {
   OPT_RUN = 256, OPT_DUMP_PLUGIN, OPT_SHARDS, OPT_POLL_US, OPT_MAX_REQUEST, OPT_MAX_INFLIGHT,
   OPT_DISPATCH, OPT_IOBUF, OPT_IOBUF_MEM, OPT_QUEUE, OPT_SPARSE_READS,
-  OPT_MAX_CONNECTIONS, OPT_HANDSHAKE_TIMEOUT, OPT_IDLE_TIMEOUT, OPT_TLS,
+  OPT_MAX_CONNECTIONS, OPT_HANDSHAKE_TIMEOUT, OPT_IDLE_TIMEOUT, OPT_RESTART_TIMEOUT, OPT_TLS,
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_TLS_SUITES, OPT_METRICS, OPT_DELAYACCT,
   OPT_CACHE, OPT_CACHE_BLOCK, OPT_CACHE_MODE, OPT_CACHE_CTOR,
   OPT_EXIT_WITH_PARENT, OPT_MASK_HANDSHAKE, OPT_NO_SR, OPT_PRINT_URI, OPT_SELINUX_LABEL,
@@ -283,6 +297,7 @@ static const struct option long_opts[] = {
   { "max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS },
   { "handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT },
   { "idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT },
+  { "restart-timeout", required_argument, NULL, OPT_RESTART_TIMEOUT },
   { "tls", required_argument, NULL, OPT_TLS },
   { "tls-certificates", required_argument, NULL, OPT_TLS_CERTIFICATES },
   { "tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY_PEER },
@@ -472,13 +487,14 @@ main (int argc, char **argv)
   const char *user = NULL, *group = NULL;
   pid_t parent = getppid ();
   int c, exit_code = EXIT_SUCCESS;
-  struct event *ev_stop = NULL, *ev_chld = NULL, *ev_hup = NULL;
+  struct event *ev_stop = NULL, *ev_chld = NULL, *ev_hup = NULL, *ev_usr2 = NULL;
   long ncpu = sysconf (_SC_NPROCESSORS_ONLN);
   uint64_t iobuf_mem = 1024ull * 1024 * 1024;
   enum { MAX_FILTERS = 64 };
   const char *filters[MAX_FILTERS];
   int nfilters = 0;
 
+  restart_save_argv (argc, argv);
   cfg.shards = ncpu > 0 ? (int) ncpu : 1;
   /* GNU order, as nbdkit: options may follow the plugin and its arguments. */
   while ((c = getopt_long (argc, argv, "46D:e:fg:i:p:P:rst:u:U:vVh", long_opts, NULL)) != -1) {
@@ -552,6 +568,9 @@ main (int argc, char **argv)
       break;
     case OPT_IDLE_TIMEOUT:
       cfg.idle_timeout = parse_int_opt ("--idle-timeout", optarg, 0, 86400 * 365);
+      break;
+    case OPT_RESTART_TIMEOUT:
+      cfg.restart_timeout = parse_int_opt ("--restart-timeout", optarg, 1, 3600);
       break;
     case OPT_TLS: {
       /* nbdkit also spells "on" yes/true and "off" no/false. */
@@ -633,6 +652,8 @@ main (int argc, char **argv)
   }
   if (dump)
     return backend_stack_dump (plugin, filters, nfilters) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  /* Before anything opens a file: a live restart's state names our fds. */
+  restart_init ();
 
   if (cfg.single && (cfg.run_cmd || cfg.unix_path || cfg.port || cfg.ip || cfg.vsock)) {
     fprintf (stderr, "blkd: -s cannot be used with --run, -U, -p, -i or --vsock\n");
@@ -701,7 +722,8 @@ main (int argc, char **argv)
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }
-  if (drop_privileges (user, uid, group, gid) == -1) {
+  /* After a live restart we run as USER already. */
+  if (!restart_adopting () && drop_privileges (user, uid, group, gid) == -1) {
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }
@@ -709,12 +731,17 @@ main (int argc, char **argv)
     printf ("%s\n", listen_uri ());
     fflush (stdout);
   }
-  if (!cfg.foreground && !cfg.socket_activated && daemonize () == -1)
+  if (!cfg.foreground && !cfg.socket_activated && restart_adopting ())
+    log_daemonized ();            /* the first image forked; we keep its PID */
+  else if (!cfg.foreground && !cfg.socket_activated && daemonize () == -1)
     return EXIT_FAILURE;
   /* SIGHUP reloads (on_sighup); until that handler is in place, one that
    * comes early is dropped rather than killing us half started.  Not
    * before this: --run's command, started above, must not inherit it. */
   signal (SIGHUP, SIG_IGN);
+  /* SIGUSR2 (live restart, on_sigusr2) likewise; after a restart it is
+   * ignored from the exec on (restart_exec). */
+  signal (SIGUSR2, SIG_IGN);
   if (write_pidfile () == -1 || backend_stack_after_fork () == -1) {
     exit_code = EXIT_FAILURE;
     goto out_listen;
@@ -737,6 +764,7 @@ main (int argc, char **argv)
   sigaddset (&block, SIGQUIT);
   sigaddset (&block, SIGHUP);
   sigaddset (&block, SIGCHLD);
+  sigaddset (&block, SIGUSR2);
   pthread_sigmask (SIG_BLOCK, &block, &old);
   int r = shard_start_all ();
   pthread_sigmask (SIG_SETMASK, &old, NULL);
@@ -748,9 +776,10 @@ main (int argc, char **argv)
   ev_stop = event_new (main_base, stop_fd, EV_READ | EV_PERSIST, on_stop, NULL);
   ev_chld = evsignal_new (main_base, SIGCHLD, on_sigchld, NULL);
   ev_hup = evsignal_new (main_base, SIGHUP, on_sighup, NULL);
+  ev_usr2 = evsignal_new (main_base, SIGUSR2, on_sigusr2, NULL);
   if (!ev_stop || event_add (ev_stop, NULL) == -1 || !ev_chld
       || event_add (ev_chld, NULL) == -1 || !ev_hup || event_add (ev_hup, NULL) == -1
-      || listen_start (main_base) == -1) {
+      || !ev_usr2 || event_add (ev_usr2, NULL) == -1 || listen_start (main_base) == -1) {
     fprintf (stderr, "blkd: cannot start listening: %m\n");
     exit_code = EXIT_FAILURE;
     goto out_events;
@@ -761,6 +790,7 @@ main (int argc, char **argv)
   }
   if (!cfg.run_cmd && !cfg.single)
     log_info ("serving %s on %s (%d shards)", plugin_name (), listen_uri (), cfg.shards);
+  restart_adopt_conns ();
   if (daemon_ready_fd >= 0) {
     if (write (daemon_ready_fd, "", 1) != 1)
       log_warn ("could not tell the parent we are ready: %m");
@@ -788,9 +818,12 @@ out_events:
     event_free (ev_chld);
   if (ev_hup)
     event_free (ev_hup);
+  if (ev_usr2)
+    event_free (ev_usr2);
 out_shards:
   atomic_store (&server_stopping, true);
   shard_stop_all ();
+  restart_cleanup ();
   if (main_base)
     event_base_free (main_base);
   if (stop_fd >= 0)
@@ -801,17 +834,22 @@ out_listen:
     waitpid (run_pid, NULL, 0);
   }
   listen_stop ();
-  listen_cleanup ();
+  if (!restart_exec_pending ())   /* the next image serves the socket on */
+    listen_cleanup ();
   metrics_stop ();                /* it answered 503 while the shards drained */
   stats_free ();
   backend_stack_unload ();        /* writeback: dirty blocks reach the plugin */
   debug_flags_free ();
   tls_cleanup ();
-  if (cfg.pidfile && exit_code == EXIT_SUCCESS)
+  if (cfg.pidfile && exit_code == EXIT_SUCCESS && !restart_exec_pending ())
     unlink (cfg.pidfile);
   if (run_tmpdir) {
     rmdir (run_tmpdir);
     free (run_tmpdir);
+  }
+  if (restart_exec_pending ()) {
+    restart_exec ();              /* returns only if no image could start */
+    exit_code = EXIT_FAILURE;
   }
   return exit_code;
 }

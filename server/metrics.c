@@ -199,6 +199,11 @@ on_metrics (struct evhttp_request *req, void *arg)
           shard_total_conns ());
   scalar (b, "blkd_connections_accepted_total", "counter", "Client connections accepted.",
           stats_conns_total ());
+  scalar (b, "blkd_restarts_total", "counter",
+          "Live restarts (SIGUSR2) this process went through.", restart_count ());
+  scalar (b, "blkd_restart_connections_total", "counter",
+          "Client connections handed over to a new image by live restarts.",
+          restart_handed_total ());
 
   head (b, "blkd_delayacct_info", "gauge", "Delay accounting mode (--delayacct).");
   evbuffer_add_printf (b, "blkd_delayacct_info{mode=\"%s\"} 1\n", mode_name[cfg.delayacct]);

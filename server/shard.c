@@ -167,6 +167,7 @@ shard_conn_gone (struct shard *s, struct conn *c)
     public_shutdown_hook ();
   if (s->draining && s->nconns == 0)
     event_base_loopbreak (s->base);
+  restart_shard_conn_gone (s);
 }
 
 /* ---- hand-over from the acceptor ------------------------------------ */
@@ -210,6 +211,57 @@ shard_handoff (int fd, const char *peer)
   best->n_new++;
   pthread_mutex_unlock (&best->lock);
   shard_notify (best);
+}
+
+/* ---- calls from the main thread (a live restart, restart.c) ----------- */
+
+struct shard_call {
+  struct shard_call *next;
+  void (*fn) (struct shard *, void *);
+  void *arg;
+};
+
+int
+shard_call (struct shard *s, void (*fn) (struct shard *, void *), void *arg)
+{
+  struct shard_call *k = malloc (sizeof *k);
+  if (!k)
+    return -1;
+  *k = (struct shard_call) { .fn = fn, .arg = arg };
+  pthread_mutex_lock (&s->lock);
+  struct shard_call **pp = &s->calls;
+  while (*pp)
+    pp = &(*pp)->next;
+  *pp = k;
+  pthread_mutex_unlock (&s->lock);
+  shard_notify (s);
+  return 0;
+}
+
+/* The calls taken off s->calls under the lock; run (s) or dropped (NULL). */
+static void
+shard_run_calls (struct shard *s, struct shard_call *k)
+{
+  while (k) {
+    struct shard_call *next = k->next;
+    if (s)
+      k->fn (s, k->arg);
+    free (k);
+    k = next;
+  }
+}
+
+struct conn *
+shard_conn_adopt (struct shard *s, int fd, const char *peer)
+{
+  atomic_fetch_add (&s->nconns_shared, 1);
+  atomic_fetch_add (&total_conns, 1);
+  struct conn *c = conn_new (s, fd, peer);
+  if (!c) {
+    atomic_fetch_sub (&s->nconns_shared, 1);
+    atomic_fetch_sub (&total_conns, 1);
+  }
+  return c;
 }
 
 static void
@@ -292,6 +344,8 @@ shard_on_notify (evutil_socket_t fd, short what, void *arg)
   pthread_mutex_lock (&s->lock);
   struct request *done = s->done_head;
   s->done_head = s->done_tail = NULL;
+  struct shard_call *calls = s->calls;
+  s->calls = NULL;
   size_t n_new = s->n_new;
   int *fds = NULL;
   char (*peers)[64] = NULL;
@@ -333,6 +387,8 @@ shard_on_notify (evutil_socket_t fd, short what, void *arg)
   }
   free (fds);
   free (peers);
+  /* After the new connections: a live restart's quiesce must see them. */
+  shard_run_calls (s, calls);
 
   if (atomic_load (&server_stopping))
     shard_begin_drain (s);
@@ -480,6 +536,7 @@ shard_stop_all (void)
       close (s->new_fds[j]);
     free (s->new_fds);
     free (s->new_peers);
+    shard_run_calls (NULL, s->calls);   /* too late to run */
     if (s->ev_drain_timeout)
       event_free (s->ev_drain_timeout);
     if (s->ev_sweep)

@@ -1,0 +1,934 @@
+/* Live restart (SIGUSR2): quiesce every connection, pass the listening
+ * sockets and each idle clear-text connection to a new image of the binary
+ * (execv: same PID) in a memfd, and adopt them there without a handshake.
+ *
+ * The steps, and who runs them:
+ *   restart_begin (main)   stop accepting; every shard quiesces: TLS and
+ *                          handshaking connections drain and close as on
+ *                          SIGTERM, the others take no new request and
+ *                          finish what is in flight (shard_quiesce)
+ *   on_done (main)         every shard is quiet: each one detaches its
+ *                          connections (shard_detach: a dup of the socket
+ *                          is kept, the plugin's .close runs); then the
+ *                          main loop ends
+ *   main's exit path       shards stop, the plugin unloads (.unload)
+ *   restart_exec (main)    the state goes into a memfd; execv
+ *   restart_init (new)     reads and checks the state, before anything
+ *   listen.c, restart_adopt_conns (new)
+ *                          the listeners, then each connection reopened
+ *                          through the layer stack (.preconnect, .open)
+ *                          and put in the transmission phase.
+ * Limits: TLS sessions cannot be handed over (OpenSSL's state does not
+ * survive an exec); --run, -s and -U - have nothing to hand over to. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "internal.h"
+
+/* The state's wire form.  Native byte order: only this host reads it.
+ *   header   magic[8] version:u32 nlisten:u32 nconns:u32 flags:u32
+ *            restarts:u64 handed:u64 exe_len:u32 exe[exe_len]
+ *   listener fd:i32                                  (nlisten times)
+ *   conn     fd:i32 cflags:u32 size:u64 old_id:u64 eflags:u32
+ *            block_min:u32 block_pref:u32 block_max:u32
+ *            peer_len:u32 name_len:u32 peer[peer_len] name[name_len]
+ *                                                    (nconns times)
+ * A new version number for any change: an image reading a version it
+ * does not know treats the state as unreadable (closes, binds afresh). */
+#define STATE_MAGIC     "BLKDRST\n"
+#define STATE_VERSION   1u
+#define STATE_MAX       (64u << 20)
+#define MAX_LISTEN      16
+#define MAX_CONNS       (1u << 20)
+
+#define SF_SOCKET_ACTIVATED 1u      /* header flags */
+#define SF_UNIX_CREATED     2u
+#define CF_STRUCTURED       1u      /* conn flags */
+#define CF_META_BASE_ALLOC  2u
+#define CF_NO_ZEROES        4u
+#define CF_ALL              7u
+
+/* One connection passed between images: what the handshake agreed. */
+struct handed {
+  struct handed *next;
+  int fd;
+  uint32_t cflags;
+  uint64_t size, old_id;
+  uint16_t eflags;
+  uint32_t bs[3];                 /* min, pref, max as advertised */
+  char peer[64];
+  char *name;                     /* the export's name (resolved) */
+};
+
+static char **saved_argv;
+static char *exe_path;            /* resolved at start-up */
+static atomic_ullong restarts, handed_total;
+
+/* Inherited (new image). */
+static bool adopting;
+static uint32_t in_flags;
+static int in_listen[MAX_LISTEN], n_in_listen;
+static struct handed *in_conns;
+static unsigned n_in_conns;
+
+/* A restart in progress (old image).  The main thread drives the phases;
+ * shards report through done_fd. */
+enum rphase { R_IDLE, R_QUIESCE, R_DETACH, R_EXEC };
+static enum rphase rphase;
+static struct event_base *mbase;
+static int done_fd = -1;
+static struct event *ev_done, *ev_bound, *ev_giveup;
+static atomic_int shards_done;
+
+enum rs_state { RS_NONE, RS_QUIESCING, RS_QUIET };
+struct rs_shard {
+  enum rs_state state;            /* shard thread only */
+  struct handed *out;             /* detached connections (main reads once reported) */
+  unsigned nout;
+};
+/* Set once by the main thread; every shard's connection close looks. */
+static struct rs_shard *_Atomic rs;
+static int rs_n;
+
+static int out_listen[MAX_LISTEN], n_out_listen;
+static uint32_t out_flags;
+
+uint64_t restart_count (void) { return atomic_load (&restarts); }
+uint64_t restart_handed_total (void) { return atomic_load (&handed_total); }
+bool restart_adopting (void) { return adopting; }
+bool restart_exec_pending (void) { return rphase == R_EXEC; }
+
+static void
+handed_free_list (struct handed *h, bool close_fds)
+{
+  while (h) {
+    struct handed *next = h->next;
+    if (close_fds && h->fd >= 0)
+      close (h->fd);
+    free (h->name);
+    free (h);
+    h = next;
+  }
+}
+
+/* ---- start-up ------------------------------------------------------- */
+
+/* The binary's path as it was named, made absolute: an upgrade that
+ * replaces the file (or a symlink to it) is what the next exec runs.
+ * /proc/self/exe is the fallback, and it names the running file. */
+static char *
+resolve_exe (const char *argv0)
+{
+  char buf[PATH_MAX];
+  if (argv0 && strchr (argv0, '/')) {
+    if (argv0[0] == '/')
+      return strdup (argv0);
+    if (getcwd (buf, sizeof buf) && strlen (buf) + 1 + strlen (argv0) < sizeof buf) {
+      strcat (buf, "/");
+      strcat (buf, argv0);
+      return strdup (buf);
+    }
+  }
+  else if (argv0 && *argv0) {
+    const char *path = getenv ("PATH");
+    for (const char *p = path; p && *p; ) {
+      const char *e = strchrnul (p, ':');
+      int n = snprintf (buf, sizeof buf, "%.*s/%s", (int) (e - p), p, argv0);
+      if (n > 0 && (size_t) n < sizeof buf && e > p && buf[0] == '/'
+          && access (buf, X_OK) == 0)
+        return strdup (buf);
+      p = *e ? e + 1 : e;
+    }
+  }
+  ssize_t n = readlink ("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0)
+    return NULL;
+  buf[n] = '\0';
+  return strdup (buf);
+}
+
+/* A state that does not parse: close every socket it may have passed us
+ * (any inherited socket but stdin/out/err), so that no client waits on a
+ * connection nobody serves, and so that the listeners can be bound again. */
+static void
+close_inherited_sockets (void)
+{
+  DIR *d = opendir ("/proc/self/fd");
+  if (!d)
+    return;
+  int dfd = dirfd (d), n = 0;
+  struct dirent *e;
+  while ((e = readdir (d))) {
+    int fd = atoi (e->d_name);
+    struct stat st;
+    if (fd > STDERR_FILENO && fd != dfd && fstat (fd, &st) == 0 && S_ISSOCK (st.st_mode)) {
+      close (fd);
+      n++;
+    }
+  }
+  closedir (d);
+  log_error ("live restart: closed %d inherited socket(s); their clients must reconnect", n);
+}
+
+/* A socket we were passed: listening (want_listen) or connected. */
+static bool
+valid_socket (int fd, bool want_listen)
+{
+  struct stat st;
+  int acc = 0;
+  socklen_t sl = sizeof acc;
+  if (fd <= STDERR_FILENO || fstat (fd, &st) == -1 || !S_ISSOCK (st.st_mode)
+      || getsockopt (fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &sl) == -1)
+    return false;
+  return (acc != 0) == want_listen;
+}
+
+struct reader {
+  const uint8_t *p, *end;
+  bool bad;
+};
+
+static void
+rd (struct reader *r, void *out, size_t n)
+{
+  if (r->bad || (size_t) (r->end - r->p) < n) {
+    r->bad = true;
+    memset (out, 0, n);
+    return;
+  }
+  memcpy (out, r->p, n);
+  r->p += n;
+}
+
+static uint32_t rd32 (struct reader *r) { uint32_t v; rd (r, &v, 4); return v; }
+static uint64_t rd64 (struct reader *r) { uint64_t v; rd (r, &v, 8); return v; }
+
+static int
+cmp_int (const void *a, const void *b)
+{
+  return *(const int *) a - *(const int *) b;
+}
+
+/* Parse the state as untrusted input: every count and length bounded,
+ * every fd a socket of the right kind and named once.  0, or -1 with
+ * nothing adopted. */
+static int
+parse_state (const uint8_t *buf, size_t len)
+{
+  struct reader r = { buf, buf + len, false };
+  char magic[8];
+  rd (&r, magic, sizeof magic);
+  if (r.bad || memcmp (magic, STATE_MAGIC, sizeof magic) != 0) {
+    log_error ("live restart: the state has no valid magic");
+    return -1;
+  }
+  uint32_t version = rd32 (&r), nlisten = rd32 (&r), nconns = rd32 (&r);
+  uint32_t flags = rd32 (&r);
+  uint64_t nrestarts = rd64 (&r), nhanded = rd64 (&r);
+  uint32_t exe_len = rd32 (&r);
+  if (r.bad || version != STATE_VERSION) {
+    log_error ("live restart: state version %u, this binary reads %u", version, STATE_VERSION);
+    return -1;
+  }
+  if (nlisten == 0 || nlisten > MAX_LISTEN || nconns > MAX_CONNS || exe_len >= PATH_MAX
+      || (flags & ~(SF_SOCKET_ACTIVATED | SF_UNIX_CREATED))) {
+    log_error ("live restart: state out of bounds (%u listeners, %u connections)",
+               nlisten, nconns);
+    return -1;
+  }
+  char exe[PATH_MAX];
+  rd (&r, exe, exe_len);
+  exe[exe_len] = '\0';
+  int *fds = malloc ((nlisten + (size_t) nconns) * sizeof *fds);
+  if (!fds) {
+    log_error ("live restart: out of memory reading the state");
+    return -1;
+  }
+  size_t nfds = 0;
+  for (uint32_t i = 0; i < nlisten; i++) {
+    int32_t fd;
+    rd (&r, &fd, 4);
+    if (r.bad || !valid_socket (fd, true)) {
+      log_error ("live restart: listener %u (fd %d) is not a listening socket", i, fd);
+      goto bad;
+    }
+    in_listen[i] = fds[nfds++] = fd;
+  }
+  struct handed **tail = &in_conns;
+  for (uint32_t i = 0; i < nconns; i++) {
+    struct handed h = { .next = NULL };
+    int32_t fd;
+    rd (&r, &fd, 4);
+    h.fd = fd;
+    h.cflags = rd32 (&r);
+    h.size = rd64 (&r);
+    h.old_id = rd64 (&r);
+    uint32_t eflags = rd32 (&r);
+    for (int k = 0; k < 3; k++)
+      h.bs[k] = rd32 (&r);
+    uint32_t peer_len = rd32 (&r), name_len = rd32 (&r);
+    if (r.bad || peer_len >= sizeof h.peer || name_len > NBD_MAX_STRING
+        || (h.cflags & ~CF_ALL) || eflags > UINT16_MAX || !(eflags & NBD_FLAG_HAS_FLAGS)
+        || h.size > INT64_MAX) {
+      log_error ("live restart: connection record %u is malformed", i);
+      goto bad;
+    }
+    h.eflags = eflags;
+    rd (&r, h.peer, peer_len);
+    h.peer[peer_len] = '\0';
+    h.name = malloc (name_len + 1);
+    if (!h.name) {
+      log_error ("live restart: out of memory reading the state");
+      goto bad;
+    }
+    rd (&r, h.name, name_len);
+    h.name[name_len] = '\0';
+    struct handed *p = malloc (sizeof *p);
+    if (r.bad || !p || strlen (h.name) != name_len || strlen (h.peer) != peer_len
+        || !valid_socket (fd, false)) {
+      log_error ("live restart: connection record %u (fd %d) is malformed", i, fd);
+      free (h.name);
+      free (p);
+      goto bad;
+    }
+    *p = h;
+    *tail = p;
+    tail = &p->next;
+    fds[nfds++] = fd;
+  }
+  if (r.p != r.end) {
+    log_error ("live restart: %zu bytes after the last record", (size_t) (r.end - r.p));
+    goto bad;
+  }
+  qsort (fds, nfds, sizeof *fds, cmp_int);
+  for (size_t i = 1; i < nfds; i++)
+    if (fds[i] == fds[i - 1]) {
+      log_error ("live restart: fd %d is named twice", fds[i]);
+      goto bad;
+    }
+  /* Ours now: no plugin's child may inherit them. */
+  for (size_t i = 0; i < nfds; i++)
+    fcntl (fds[i], F_SETFD, FD_CLOEXEC);
+  free (fds);
+  n_in_listen = nlisten;
+  n_in_conns = nconns;
+  in_flags = flags;
+  atomic_store (&restarts, nrestarts);
+  atomic_store (&handed_total, nhanded);
+  return 0;
+
+bad:
+  free (fds);
+  handed_free_list (in_conns, false);
+  in_conns = NULL;
+  return -1;
+}
+
+static void
+free_argv (void)
+{
+  for (int i = 0; saved_argv && saved_argv[i]; i++)
+    free (saved_argv[i]);
+  free (saved_argv);
+  saved_argv = NULL;
+}
+
+/* A copy: option parsing reorders argv and plugins split key=value in
+ * place. */
+void
+restart_save_argv (int argc, char **argv)
+{
+  saved_argv = calloc (argc + 1, sizeof *saved_argv);
+  for (int i = 0; saved_argv && i < argc; i++)
+    if (!(saved_argv[i] = strdup (argv[i]))) {
+      free_argv ();
+      break;
+    }
+  exe_path = resolve_exe (argv[0]);
+}
+
+void
+restart_init (void)
+{
+
+  const char *env = getenv (RESTART_ENV);
+  if (!env)
+    return;
+  char *end;
+  long fd = strtol (env, &end, 10);
+  unsetenv (RESTART_ENV);
+  adopting = true;                /* even if the state is bad: we are not new */
+  struct stat st;
+  if (*env == '\0' || *end || fd <= STDERR_FILENO || fd > INT_MAX
+      || fstat ((int) fd, &st) == -1 || !S_ISREG (st.st_mode)
+      || st.st_size <= 0 || st.st_size > STATE_MAX) {
+    log_error ("live restart: %s=%s does not name a state file; starting afresh",
+               RESTART_ENV, env);
+    close_inherited_sockets ();
+    adopting = false;
+    return;
+  }
+  uint8_t *buf = malloc (st.st_size);
+  size_t got = 0;
+  while (buf && got < (size_t) st.st_size) {
+    ssize_t n = pread ((int) fd, buf + got, st.st_size - got, got);
+    if (n <= 0)
+      break;
+    got += n;
+  }
+  close ((int) fd);
+  if (!buf || got != (size_t) st.st_size || parse_state (buf, got) == -1) {
+    log_error ("live restart: cannot use the state passed by the previous image; "
+               "starting afresh");
+    close_inherited_sockets ();
+    adopting = false;
+  }
+  free (buf);
+}
+
+int
+restart_listeners (int (*add) (int fd), bool *unix_created)
+{
+  if (!adopting)
+    return 0;
+  for (int i = 0; i < n_in_listen; i++)
+    if (add (in_listen[i]) == -1)
+      return -1;
+  if (in_flags & SF_SOCKET_ACTIVATED)
+    cfg.socket_activated = true;
+  if (in_flags & SF_UNIX_CREATED)
+    *unix_created = true;
+  return n_in_listen;
+}
+
+/* On the shard's thread: the export is opened again through the layer
+ * stack and must say what the handshake told the client, or the client
+ * would be served a different disk than the one it negotiated. */
+static void
+shard_adopt (struct shard *s, void *arg)
+{
+  struct handed *list = arg;
+  for (struct handed *h = list; h; h = h->next) {
+    struct conn *c = shard_conn_adopt (s, h->fd, h->peer);
+    if (!c) {
+      log_error ("live restart: peer %s: cannot set up the connection: %m; closing", h->peer);
+      close (h->fd);
+      continue;
+    }
+    h->fd = -1;                   /* the connection's now */
+    log_current = &c->log;
+    c->structured = h->cflags & CF_STRUCTURED;
+    c->meta_base_allocation = h->cflags & CF_META_BASE_ALLOC;
+    c->no_zeroes = h->cflags & CF_NO_ZEROES;
+    c->fixed_newstyle = true;
+    c->export_name = h->name;
+    h->name = NULL;
+    if (backend_conn_preconnect (&c->pc, cfg.readonly) == -1
+        || backend_conn_open (&c->pc, c->export_name, cfg.readonly) == -1) {
+      log_error ("live restart: export \"%s\" cannot be opened again; closing",
+                 c->export_name);
+      conn_close_now (c);
+      continue;
+    }
+    uint32_t bs[3];
+    handshake_block_sizes (c, &bs[0], &bs[1], &bs[2]);
+    uint16_t eflags = handshake_export_flags (c);
+    if ((uint64_t) c->pc.caps.size != h->size || eflags != h->eflags
+        || memcmp (bs, h->bs, sizeof bs) != 0) {
+      log_error ("live restart: export \"%s\" changed (size %llu, flags 0x%x; was %llu, "
+                 "0x%x); closing", c->export_name, (unsigned long long) c->pc.caps.size,
+                 eflags, (unsigned long long) h->size, h->eflags);
+      conn_close_now (c);
+      continue;
+    }
+    c->phase = CONN_TRANSMISSION;
+    event_add (c->ev_read, NULL);
+    log_debug ("live restart: adopted (connection %llu before), export \"%s\"%s",
+               (unsigned long long) h->old_id, c->export_name,
+               c->structured ? ", structured replies" : "");
+    log_current = NULL;
+  }
+  log_current = NULL;
+  handed_free_list (list, true);
+}
+
+void
+restart_adopt_conns (void)
+{
+  if (!adopting)
+    return;
+  struct handed **lists = calloc (nshards, sizeof *lists);
+  if (!lists) {
+    log_error ("live restart: out of memory; closing the inherited connections");
+    handed_free_list (in_conns, true);
+    in_conns = NULL;
+    return;
+  }
+  int i = 0;
+  while (in_conns) {
+    struct handed *h = in_conns;
+    in_conns = h->next;
+    h->next = lists[i % nshards];
+    lists[i % nshards] = h;
+    i++;
+  }
+  for (int k = 0; k < nshards; k++)
+    if (lists[k] && shard_call (&shards[k], shard_adopt, lists[k]) == -1) {
+      log_error ("live restart: out of memory; closing %s", "a shard's connections");
+      handed_free_list (lists[k], true);
+    }
+  free (lists);
+  log_info ("live restart %llu done: serving again, %u connection(s) handed over",
+            (unsigned long long) restart_count (), n_in_conns);
+}
+
+/* ---- quiesce (old image) --------------------------------------------- */
+
+static void
+report (struct rs_shard *r)
+{
+  uint64_t one = 1;
+  r->state = RS_QUIET;
+  atomic_fetch_add (&shards_done, 1);
+  if (write (done_fd, &one, sizeof one) != sizeof one)
+    log_error ("live restart: eventfd write: %m");
+}
+
+/* Every connection left on the shard can change hands: tell main. */
+static void
+shard_check (struct shard *s)
+{
+  struct rs_shard *r = &rs[s->index];
+  if (r->state != RS_QUIESCING)
+    return;
+  for (struct conn *c = s->conns; c; c = c->next)
+    if (!conn_handoff_ready (c))
+      return;
+  report (r);
+}
+
+void
+restart_conn_progress (struct conn *c)
+{
+  if (conn_handoff_ready (c))
+    shard_check (c->shard);
+}
+
+void
+restart_shard_conn_gone (struct shard *s)
+{
+  struct rs_shard *r = atomic_load_explicit (&rs, memory_order_acquire);
+  if (r && s->index < rs_n && r[s->index].state == RS_QUIESCING)
+    shard_check (s);
+}
+
+/* --restart-timeout on this shard: a request still half received (or its
+ * reply unread) is not waited for any longer.  Its connection closes as on
+ * a drain timeout: a WRITE whose payload never arrived was never
+ * acknowledged. */
+static void
+shard_bound (struct shard *s, void *arg)
+{
+  if (rs[s->index].state != RS_QUIESCING)
+    return;
+  for (struct conn *c = s->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->fd < 0 || conn_handoff_ready (c))
+      continue;
+    log_current = &c->log;
+    if (c->handoff)
+      log_warn ("live restart: a request still incomplete after %u s (--restart-timeout); "
+                "closing the connection", cfg.restart_timeout);
+    else
+      log_warn ("live restart: not closed after %u s (--restart-timeout); closing now",
+                cfg.restart_timeout);
+    conn_close_now (c);           /* frees it once its workers are done */
+    log_current = NULL;
+  }
+  shard_check (s);
+}
+
+static void
+shard_quiesce (struct shard *s, void *arg)
+{
+  struct rs_shard *r = &rs[s->index];
+  r->state = RS_QUIESCING;
+  for (struct conn *c = s->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->fd < 0 || c->phase == CONN_CLOSING || (c->read_block & CONN_READ_CLOSING))
+      continue;                   /* on its way out already */
+    if (c->tls || c->phase != CONN_TRANSMISSION) {
+      log_current = &c->log;
+      log_info ("live restart: %s cannot be handed over; closing it as on shutdown",
+                c->tls ? "a TLS session" : "a connection still in the handshake");
+      conn_shutdown (c);          /* may free c */
+      log_current = NULL;
+      continue;
+    }
+    conn_quiesce (c, true);
+  }
+  shard_check (s);
+}
+
+/* The restart is called off: serve on. */
+static void
+shard_resume (struct shard *s, void *arg)
+{
+  rs[s->index].state = RS_NONE;
+  for (struct conn *c = s->conns; c; c = c->next)
+    if (c->handoff)
+      conn_quiesce (c, false);
+}
+
+/* Each connection's socket is kept (a dup without FD_CLOEXEC, for the
+ * exec) and the connection freed: the plugin's .close runs here. */
+static void
+shard_detach (struct shard *s, void *arg)
+{
+  struct rs_shard *r = &rs[s->index];
+  r->state = RS_NONE;
+  for (struct conn *c = s->conns, *next; c; c = next) {
+    next = c->next;
+    log_current = &c->log;
+    struct handed *h = conn_handoff_ready (c) ? calloc (1, sizeof *h) : NULL;
+    if (h) {
+      h->name = strdup (c->export_name ? c->export_name : "");
+      h->fd = fcntl (c->fd, F_DUPFD, STDERR_FILENO + 1);
+    }
+    if (!h || !h->name || h->fd == -1) {
+      if (conn_handoff_ready (c))
+        log_error ("live restart: cannot keep the connection (%m); closing it");
+      if (h) {
+        free (h->name);
+        free (h);
+      }
+      conn_close_now (c);
+      log_current = NULL;
+      continue;
+    }
+    if (c->rcvlowat > 1) {          /* the next image expects the default */
+      int one = 1;
+      setsockopt (c->fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
+    }
+    h->cflags = (c->structured ? CF_STRUCTURED : 0)
+                | (c->meta_base_allocation ? CF_META_BASE_ALLOC : 0)
+                | (c->no_zeroes ? CF_NO_ZEROES : 0);
+    h->size = c->pc.caps.size;
+    h->eflags = handshake_export_flags (c);
+    handshake_block_sizes (c, &h->bs[0], &h->bs[1], &h->bs[2]);
+    h->old_id = c->id;
+    snprintf (h->peer, sizeof h->peer, "%s", c->peer);
+    h->next = r->out;
+    r->out = h;
+    r->nout++;
+    log_debug ("live restart: handing over, export \"%s\"", h->name);
+    conn_close_now (c);           /* our fd; the dup keeps the socket */
+    log_current = NULL;
+  }
+  report (r);
+}
+
+static void
+call_all_keep (void (*fn) (struct shard *, void *))
+{
+  for (int i = 0; i < nshards; i++)
+    if (shard_call (&shards[i], fn, NULL) == -1) {
+      /* A lost call would leave the restart waiting: the give-up timer
+       * calls it off. */
+      log_error ("live restart: shard %d: out of memory", i);
+    }
+}
+
+/* A new phase: every shard reports again. */
+static void
+call_all (void (*fn) (struct shard *, void *))
+{
+  atomic_store (&shards_done, 0);
+  call_all_keep (fn);
+}
+
+static void
+restart_off (const char *why)
+{
+  log_error ("live restart called off: %s; still serving in this process", why);
+  rphase = R_IDLE;
+  evtimer_del (ev_bound);
+  evtimer_del (ev_giveup);
+  call_all (shard_resume);
+  listen_hold (false);
+}
+
+static bool
+exe_usable (void)
+{
+  struct stat st;
+  if (!exe_path || !saved_argv) {
+    errno = ENOENT;
+    return false;
+  }
+  if (stat (exe_path, &st) == -1 || access (exe_path, X_OK) == -1)
+    return false;
+  if (!S_ISREG (st.st_mode)) {
+    errno = EACCES;
+    return false;
+  }
+  return true;
+}
+
+static void
+on_bound (evutil_socket_t fd, short what, void *arg)
+{
+  if (rphase == R_QUIESCE)
+    call_all_keep (shard_bound);
+}
+
+static void
+on_giveup (evutil_socket_t fd, short what, void *arg)
+{
+  if (rphase == R_QUIESCE)
+    restart_off ("connections did not quiesce (a plugin call still running?)");
+  else if (rphase == R_DETACH)
+    log_error ("live restart: shards are slow to hand over; still waiting");
+}
+
+static void
+on_done (evutil_socket_t fd, short what, void *arg)
+{
+  uint64_t n;
+  if (read (done_fd, &n, sizeof n) < 0 && errno != EAGAIN)
+    log_error ("live restart: eventfd read: %m");
+  if (atomic_load (&shards_done) < nshards || atomic_load (&server_stopping))
+    return;
+  if (rphase == R_QUIESCE) {
+    /* Checked again: the binary may have gone while we waited. */
+    if (!exe_usable ()) {
+      char why[PATH_MAX + 64];
+      snprintf (why, sizeof why, "cannot execute %s: %m", exe_path ? exe_path : "blkd");
+      restart_off (why);
+      return;
+    }
+    rphase = R_DETACH;
+    call_all (shard_detach);
+  }
+  else if (rphase == R_DETACH) {
+    evtimer_del (ev_bound);
+    evtimer_del (ev_giveup);
+    int nl;
+    const int *fds = listen_fds_get (&nl);
+    n_out_listen = 0;
+    for (int i = 0; i < nl && i < MAX_LISTEN; i++) {
+      int d = fcntl (fds[i], F_DUPFD, STDERR_FILENO + 1);
+      if (d == -1)
+        log_error ("live restart: cannot keep listening socket %d: %m", fds[i]);
+      else
+        out_listen[n_out_listen++] = d;
+    }
+    /* listen.c made the socket file (and removes it at the final exit)
+     * exactly when -U named it and systemd did not pass it. */
+    out_flags = cfg.socket_activated ? SF_SOCKET_ACTIVATED
+                : cfg.unix_path ? SF_UNIX_CREATED : 0;
+    rphase = R_EXEC;
+    event_base_loopbreak (mbase);
+  }
+}
+
+void
+restart_begin (struct event_base *main_base)
+{
+  mbase = main_base;
+  if (rphase != R_IDLE) {
+    log_warn ("live restart: already under way");
+    return;
+  }
+  if (!exe_usable ()) {
+    log_error ("live restart refused: cannot execute %s: %m; still serving in this process",
+               exe_path ? exe_path : "the binary");
+    return;
+  }
+  if (done_fd < 0) {
+    done_fd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
+    ev_done = done_fd >= 0 ? event_new (mbase, done_fd, EV_READ | EV_PERSIST, on_done, NULL)
+                           : NULL;
+    ev_bound = evtimer_new (mbase, on_bound, NULL);
+    ev_giveup = evtimer_new (mbase, on_giveup, NULL);
+    struct rs_shard *r = calloc (nshards, sizeof *r);
+    rs_n = nshards;
+    atomic_store_explicit (&rs, r, memory_order_release);
+    if (!ev_done || !ev_bound || !ev_giveup || !r || event_add (ev_done, NULL) == -1) {
+      log_error ("live restart refused: cannot set up: %m");
+      return;                     /* restart_cleanup frees what was made */
+    }
+  }
+  log_info ("live restart: quiescing %u connection(s), then exec %s",
+            shard_total_conns (), exe_path);
+  rphase = R_QUIESCE;
+  listen_hold (true);
+  /* The shards close what they must after --restart-timeout; past that
+   * only a plugin call that never returns holds us. */
+  struct timeval tv = { .tv_sec = cfg.restart_timeout };
+  evtimer_add (ev_bound, &tv);
+  tv.tv_sec += 5;
+  evtimer_add (ev_giveup, &tv);
+  call_all (shard_quiesce);
+}
+
+/* ---- exec ------------------------------------------------------------ */
+
+struct writer {
+  uint8_t *buf;
+  size_t len, cap;
+  bool bad;
+};
+
+static void
+wr (struct writer *w, const void *p, size_t n)
+{
+  if (w->bad)
+    return;
+  if (w->len + n > w->cap) {
+    size_t cap = w->cap ? w->cap * 2 : 4096;
+    while (cap < w->len + n)
+      cap *= 2;
+    uint8_t *b = realloc (w->buf, cap);
+    if (!b) {
+      w->bad = true;
+      return;
+    }
+    w->buf = b;
+    w->cap = cap;
+  }
+  memcpy (w->buf + w->len, p, n);
+  w->len += n;
+}
+
+static void wr32 (struct writer *w, uint32_t v) { wr (w, &v, 4); }
+static void wr64 (struct writer *w, uint64_t v) { wr (w, &v, 8); }
+
+static int
+write_state (void)
+{
+  struct writer w = { 0 };
+  uint32_t nconns = 0;
+  for (int i = 0; i < rs_n; i++)
+    nconns += rs[i].nout;
+  uint32_t exe_len = strlen (exe_path);
+  wr (&w, STATE_MAGIC, 8);
+  wr32 (&w, STATE_VERSION);
+  wr32 (&w, n_out_listen);
+  wr32 (&w, nconns);
+  wr32 (&w, out_flags);
+  wr64 (&w, restart_count ());
+  wr64 (&w, restart_handed_total ());
+  wr32 (&w, exe_len);
+  wr (&w, exe_path, exe_len);
+  for (int i = 0; i < n_out_listen; i++) {
+    int32_t fd = out_listen[i];
+    wr (&w, &fd, 4);
+  }
+  for (int i = 0; i < rs_n; i++)
+    for (struct handed *h = rs[i].out; h; h = h->next) {
+      int32_t fd = h->fd;
+      wr (&w, &fd, 4);
+      wr32 (&w, h->cflags);
+      wr64 (&w, h->size);
+      wr64 (&w, h->old_id);
+      wr32 (&w, h->eflags);
+      for (int k = 0; k < 3; k++)
+        wr32 (&w, h->bs[k]);
+      uint32_t pl = strlen (h->peer), nl = strlen (h->name);
+      wr32 (&w, pl);
+      wr32 (&w, nl);
+      wr (&w, h->peer, pl);
+      wr (&w, h->name, nl);
+    }
+  int fd = w.bad ? -1 : memfd_create ("blkd-restart", 0);   /* no CLOEXEC: for exec */
+  size_t off = 0;
+  while (fd >= 0 && off < w.len) {
+    ssize_t n = write (fd, w.buf + off, w.len - off);
+    if (n <= 0) {
+      close (fd);
+      fd = -1;
+      break;
+    }
+    off += n;
+  }
+  if (fd < 0)
+    log_error ("live restart: cannot write the state: %m");
+  free (w.buf);
+  return fd;
+}
+
+void
+restart_exec (void)
+{
+  uint32_t nconns = 0;
+  for (int i = 0; i < rs_n; i++)
+    nconns += rs[i].nout;
+  atomic_fetch_add (&restarts, 1);
+  atomic_fetch_add (&handed_total, nconns);
+  /* Until the next image installs its handler, another SIGUSR2 is
+   * dropped instead of killing us (an ignored signal stays ignored
+   * across execve). */
+  signal (SIGUSR2, SIG_IGN);
+  int fd = write_state ();
+  if (fd >= 0) {
+    char num[16];
+    snprintf (num, sizeof num, "%d", fd);
+    setenv (RESTART_ENV, num, 1);
+    log_info ("live restart %llu: exec %s with %u connection(s)",
+              (unsigned long long) restart_count (), exe_path, nconns);
+    execv (exe_path, saved_argv);
+    log_error ("live restart: exec %s: %m; starting the running binary again instead",
+               exe_path);
+    /* The file this process runs, even if it was renamed or deleted:
+     * the connections survive on the old code rather than being lost. */
+    execv ("/proc/self/exe", saved_argv);
+    log_error ("live restart: exec /proc/self/exe: %m; exiting, every connection closes");
+    unsetenv (RESTART_ENV);
+    close (fd);
+  }
+  for (int i = 0; i < n_out_listen; i++)
+    close (out_listen[i]);
+  n_out_listen = 0;
+  rphase = R_IDLE;
+  restart_cleanup ();
+}
+
+void
+restart_cleanup (void)
+{
+  if (ev_done)
+    event_free (ev_done);
+  if (ev_bound)
+    event_free (ev_bound);
+  if (ev_giveup)
+    event_free (ev_giveup);
+  ev_done = ev_bound = ev_giveup = NULL;
+  if (done_fd >= 0)
+    close (done_fd);
+  done_fd = -1;
+  if (rphase == R_EXEC)
+    return;                       /* restart_exec needs the rest */
+  struct rs_shard *r = atomic_exchange (&rs, NULL);
+  for (int i = 0; r && i < rs_n; i++)
+    handed_free_list (r[i].out, true);
+  free (r);
+  handed_free_list (in_conns, true);
+  in_conns = NULL;
+  free (exe_path);
+  exe_path = NULL;
+  free_argv ();
+}
