@@ -321,6 +321,54 @@ case_persist() {
   case $re in *NOT*) exit 1 ;; esac
 }
 
+# live: blkd's live restart (SIGUSR2: same PID, the connections handed to
+# the new image) three times while ext4 on a host file (the file plugin:
+# its data outlive the process) is under fio load with verify; no I/O
+# error in the kernel's log, fio clean, checksums and e2fsck clean after.
+case_live() {
+  [ "$SRV" = blkd ] || skip "$SRV has no live restart (SIGUSR2 would end it)"
+  plugin file 268435456
+  serve "$SID" $PLUG
+  pid0=$(ctl_ok pid "$SID") || exit 1
+  attach -b 4096 -t 30
+  mkfs.ext4 -q -F $NBD && mount -t ext4 $NBD /mnt || fail "mkfs + mount"
+  fill_fs
+  e0=$(io_errors)
+  fio --name=live --filename=/mnt/fio.dat --size=32M --ioengine=libaio --direct=1 \
+      --rw=randwrite --bs=4k --iodepth=8 --verify=crc32c --verify_backlog=256 \
+      --verify_fatal=1 --time_based --runtime=20 --output-format=terse --terse-version=3 \
+      >/tmp/fio.live 2>&1 &
+  fpid=$!
+  (i=0; while [ $i -lt 60 ]; do dd if=/dev/urandom of=/mnt/sync.$((i % 4)) bs=64k count=2 \
+     conv=fsync 2>/dev/null || exit 1; i=$((i + 1)); sleep 0.1; done) &
+  spid=$!
+  for n in 1 2 3; do
+    sleep 5
+    ctl_ok signal "$SID" USR2 >/dev/null || exit 1
+    i=0
+    while :; do
+      d=$(ctl_ok grep "$SID" "live restart [0-9]+ done") || exit 1
+      [ "$d" -ge $n ] && break
+      i=$((i + 1))
+      [ $i -lt 100 ] || fail "restart $n did not finish within 20s"
+      sleep 0.2
+    done
+    [ "$(ctl_ok pid "$SID")" = "$pid0" ] || fail "the PID changed"
+  done
+  wait_pid "$fpid" 90 || fail "fio hung"
+  wait "$fpid" || { cat /tmp/fio.live; fail "fio failed across the live restarts"; }
+  wait "$spid" || fail "write + fsync failed across the live restarts"
+  e=$(($(io_errors) - e0))
+  nbdmsg=$(dmesg | grep -c -E 'nbd0: (Connection|Receive|Send|Dead|Double|shutting|.*timed out)' || true)
+  [ "$e" = 0 ] || { dmesg | tail -n 20; fail "$e I/O error lines in the kernel log"; }
+  (cd /mnt && sha256sum -c -s /tmp/sums) || fail "checksums differ after the restarts"
+  umount /mnt || fail umount
+  e2fsck -fn $NBD >/tmp/fsck 2>&1 || { cat /tmp/fsck; fail "e2fsck -fn found problems"; }
+  detach
+  h=$(ctl_ok grep "$SID" 'live restart [0-9]+ done: serving again, 1 connection')
+  note "3 live restarts (same PID, $h logged 1 connection handed over) under fio verify + fsync on ext4: fio clean, 0 I/O errors, $nbdmsg nbd0 connection messages in dmesg, sums match, e2fsck -fn clean"
+}
+
 # kill: last case of a boot: the host kills qemu with I/O in flight and
 # checks that the server frees the connection (it prints that result).
 case_kill() {
