@@ -2,8 +2,9 @@
 """Host side of the guest harness: starts, signals and inspects NBD servers
 on the host when the guest asks, one text command per TCP connection.
 
-The guest reaches this service at 192.0.2.2:PORT (qemu's user networking
-maps that address to the host's loopback).  Commands (reply: "OK ..." or
+The guest reaches this service at 192.0.2.2:PORT: qemu's user networking
+maps that address to the host's loopback; on a tap link in a network
+namespace (bench/kernel.sh) the service and the servers bind 192.0.2.2.  Commands (reply: "OK ..." or
 "ERR reason"):
 
   start ID KIND ARGS...  KIND blkd|nbdkit|nbd-server|qemu-nbd; -> OK PORT MPORT
@@ -81,6 +82,7 @@ class Server:
         self.sid, self.kind, self.proc = sid, kind, proc
         self.logpath, self.reqlog, self.args = logpath, reqlog, args
         self.port = self.mport = self.fds0 = 0
+        self.pid = proc.pid   # a daemon's (nbd-server's) from its pidfile
 
 
 class Control:
@@ -110,22 +112,34 @@ class Control:
         logpath = os.path.join(self.a.tmp, sid + ".log")
         reqlog = os.path.join(self.a.tmp, sid + ".req.log")
         if kind == "blkd":
-            cmd = [self.a.blkd, "-f", "-i", "127.0.0.1", "-p", port,
+            cmd = [self.a.blkd, "-f", "-i", self.a.bind, "-p", port,
                    "--metrics", "127.0.0.1:0"] + args
         elif kind == "nbdkit":
-            cmd = ["nbdkit", "-f", "-i", "127.0.0.1", "-p", port] + args
+            cmd = ["nbdkit", "-f", "-i", self.a.bind, "-p", port] + args
         elif kind == "qemu-nbd":
-            cmd = ["qemu-nbd", "-b", "127.0.0.1", "-p", port, "--persistent",
+            cmd = ["qemu-nbd", "-b", self.a.bind, "-p", port, "--persistent",
                    "--shared=8"] + args
         elif kind == "nbd-server":
-            # nbd-server takes its port and file from a config file.
+            # nbd-server takes its port and file from a config file, and
+            # port 0 there means "no TCP listener", not "any port": ask
+            # the kernel for a free one (meant for bench/kernel.sh, whose
+            # network namespace has no other user to take it meanwhile).
+            if port == "0":
+                probe = socket.socket()
+                probe.bind((self.a.bind, 0))
+                port = str(probe.getsockname()[1])
+                probe.close()
             conf = os.path.join(self.a.tmp, sid + ".conf")
             with open(conf, "w") as f:
-                f.write("[generic]\nlistenaddr = 127.0.0.1\nport = %s\n"
-                        "allowlist = true\n[%s]\nexportname = %s\n" % (port, sid, args[0]))
+                f.write("[generic]\nlistenaddr = %s\nport = %s\n"
+                        "allowlist = true\n[%s]\nexportname = %s\n"
+                        % (self.a.bind, port, sid, args[0]))
                 for kv in args[1:]:
                     f.write(kv.replace("=", " = ", 1) + "\n")
-            cmd = ["nbd-server", "-d", "-C", conf]
+            # In the foreground (-d) it serves one client and exits: let
+            # it fork and find it by its pidfile.
+            pidfile = os.path.join(self.a.tmp, sid + ".pid")
+            cmd = ["nbd-server", "-C", conf, "-p", pidfile]
         else:
             return "ERR unknown server kind " + kind
         logf = open(logpath, "ab")
@@ -136,7 +150,15 @@ class Control:
         srv = Server(sid, kind, proc, logpath, reqlog, orig)
         self.servers[sid] = srv
         log("%s: %s (pid %d)" % (sid, " ".join(cmd), proc.pid))
-        if kind == "blkd":
+        if kind == "nbd-server":
+            def ports():
+                try:
+                    srv.pid = int(open(pidfile).read())
+                except (OSError, ValueError):
+                    return None
+                p = listen_ports(srv.pid)
+                return (p[0], 0) if p else None
+        elif kind == "blkd":
             def ports():
                 if proc.poll() is not None:
                     return "dead"
@@ -162,6 +184,11 @@ class Control:
         return "OK %d %d" % got
 
     def kill(self, srv):
+        if srv.pid != srv.proc.pid:
+            try:
+                os.kill(srv.pid, signal.SIGKILL)
+            except OSError:
+                pass
         if srv.proc.poll() is None:
             try:
                 os.killpg(srv.proc.pid, signal.SIGKILL)
@@ -226,8 +253,32 @@ class Control:
 
     def cpu(self, sid):
         srv = self.get(sid)
-        f = open("/proc/%d/stat" % srv.proc.pid).read().rsplit(")", 1)[1].split()
-        return "OK %d" % (int(f[11]) + int(f[12]))
+        return "OK %d" % self.cputicks(srv.pid)
+
+    def cputicks(self, pid):
+        """utime+stime of PID, its reaped children (cutime+cstime) and its
+        living descendants: nbd-server forks a process per client."""
+        def stat(p):
+            return open("/proc/%d/stat" % p).read().rsplit(")", 1)[1].split()
+        kids = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    kids.setdefault(int(stat(int(d))[1]), []).append(int(d))
+                except (OSError, IndexError):
+                    pass
+        f = stat(pid)
+        total = sum(int(x) for x in f[11:15])
+        todo = list(kids.get(pid, []))
+        while todo:
+            p = todo.pop()
+            try:
+                g = stat(p)
+            except OSError:
+                continue
+            total += int(g[11]) + int(g[12])
+            todo += kids.get(p, [])
+        return total
 
     def grep(self, sid, regex):
         srv = self.get(sid)
@@ -290,6 +341,8 @@ class Control:
 
     def stopall(self):
         for srv in self.servers.values():
+            if srv.pid != srv.proc.pid:
+                self.kill(srv)
             if srv.proc.poll() is None:
                 srv.proc.send_signal(signal.SIGTERM)
         for srv in self.servers.values():
@@ -326,11 +379,13 @@ def main():
     ap.add_argument("--top", required=True)
     ap.add_argument("--blkd", required=True)
     ap.add_argument("--port-file", required=True)
+    ap.add_argument("--bind", default="127.0.0.1",
+                    help="address the servers and this service listen on")
     a = ap.parse_args()
     ctl = Control(a)
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("127.0.0.1", 0))
+    ls.bind((a.bind, 0))
     ls.listen(8)
     with open(a.port_file + ".tmp", "w") as f:
         f.write("%d\n" % ls.getsockname()[1])

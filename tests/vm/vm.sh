@@ -133,7 +133,8 @@ vm_initrd() {
 # serial console to CONSOLE_LOG; returns qemu's status (124: timed out).
 # VM_NET overrides the network (default: user networking on 192.0.2.0/24,
 # where 192.0.2.2 is the host's 127.0.0.1).  VM_MEM, VM_CPUS likewise;
-# VM_QEMU_ARGS adds qemu options (-pidfile FILE).
+# VM_QEMU_ARGS adds qemu options (-pidfile FILE); VM_WRAP prefixes the
+# command (ip netns exec NS).
 vm_boot() {
   local initrd=$1 log=$2 secs=$3; shift 3
   local accel; accel=$(vm_accel)
@@ -142,7 +143,7 @@ vm_boot() {
   local net=${VM_NET:--netdev user,id=n0,net=192.0.2.0/24,host=192.0.2.2 -device virtio-net-pci,netdev=n0}
   local cpu=max; [ "$accel" = kvm ] && cpu=host
   # shellcheck disable=SC2086
-  timeout -k 5 "$secs" qemu-system-x86_64 -machine q35,accel="$accel" -cpu "$cpu" \
+  ${VM_WRAP:-} timeout -k 5 "$secs" qemu-system-x86_64 -machine q35,accel="$accel" -cpu "$cpu" \
     -smp "${VM_CPUS:-2}" -m "${VM_MEM:-768M}" -nographic -no-reboot -nodefaults \
     -serial "file:$log" -display none -monitor none \
     -kernel "$VM_VMLINUZ" -initrd "$initrd" \

@@ -390,5 +390,6 @@ cleanup() {
 
 case $CASE in
   cleanup) cleanup ;;
+  bench) . /vm/bench.sh; case_bench "$@" ;;
   *) "case_$CASE" "$@" ;;
 esac
