@@ -23,8 +23,9 @@ namespace (bench/kernel.sh) the service and the servers bind 192.0.2.2.  Command
   settle ID FDS SECS     wait until the server holds at most FDS descriptors
                          and (blkd) /metrics shows no connection and nothing
                          in flight -> OK summary | ERR summary
-  restart ID [SECS]      stop, then start again with the same arguments on
-                         the same port -> OK PORT MPORT
+  restart ID [SECS]      stop (SIGKILL if SIGTERM takes over SECS), then start
+                         again with the same arguments on the same port
+                         -> OK PORT MPORT ["killed"]
   killvm ID              kill qemu (SIGKILL) now; then settle ID against its
                          descriptors at start and print the result line
                          "CASE kill KIND PASS|FAIL ..." on stderr
@@ -316,11 +317,13 @@ class Control:
             time.sleep(0.2)
 
     def restart(self, sid, secs="20"):
+        """What a service manager does: SIGTERM, SIGKILL after SECS, start."""
         srv = self.get(sid)
-        r = self.stop(sid, secs)
-        if not r.startswith("OK"):
-            return r
-        return self.start(sid, srv.kind, *srv.args, port=str(srv.port))
+        stopped = self.stop(sid, secs)
+        r = self.start(sid, srv.kind, *srv.args, port=str(srv.port))
+        if r.startswith("OK") and not stopped.startswith("OK"):
+            r += " killed"
+        return r
 
     def killvm(self, sid):
         """Kills the guest with I/O in flight; the verdict is ours to print."""
