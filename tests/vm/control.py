@@ -21,8 +21,8 @@ namespace (bench/kernel.sh) the service and the servers bind 192.0.2.2.  Command
   cpu ID                 utime+stime of the server in clock ticks -> OK T
   fds ID                 open file descriptors of the server -> OK N
   settle ID FDS SECS     wait until the server holds at most FDS descriptors
-                         and (blkd) /metrics shows no connection and nothing
-                         in flight -> OK summary | ERR summary
+                         and (blkd) /metrics shows no connection, nothing in
+                         flight, lent or being placed -> OK summary | ERR ...
   restart ID [SECS]      stop (SIGKILL if SIGTERM takes over SECS), then start
                          again with the same arguments on the same port
                          -> OK PORT MPORT ["killed"]
@@ -46,36 +46,12 @@ import sys
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "helpers"))
+from blkdtest import listen_ports  # noqa: E402  (the tests' /proc port finder)
+
 
 def log(msg):
     print("control: " + msg, file=sys.stderr, flush=True)
-
-
-def listen_ports(pid):
-    """The TCP ports a process listens on (from /proc, like tests/lib.sh)."""
-    inodes = set()
-    try:
-        for fd in os.listdir("/proc/%d/fd" % pid):
-            try:
-                link = os.readlink("/proc/%d/fd/%s" % (pid, fd))
-            except OSError:
-                continue
-            m = re.match(r"socket:\[(\d+)\]$", link)
-            if m:
-                inodes.add(m.group(1))
-    except OSError:
-        return []
-    ports = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = open(table).read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            f = line.split()
-            if f[3] == "0A" and f[9] in inodes:
-                ports.append(int(f[1].split(":")[1], 16))
-    return sorted(set(ports))
 
 
 class Server:
@@ -238,10 +214,13 @@ class Control:
             return "ERR %s has no metrics" % sid
         url = "http://127.0.0.1:%d/metrics" % srv.mport
         text = urllib.request.urlopen(url, timeout=10).read().decode()
-        total = 0.0
+        total, found = 0.0, False
         for line in text.splitlines():
             if line.startswith(series) and not line.startswith("#"):
                 total += float(line.rsplit(" ", 1)[1])
+                found = True
+        if not found:
+            return "ERR no sample %s in /metrics" % series
         return "OK %g" % total
 
     def count(self, sid, regex):
@@ -300,10 +279,15 @@ class Control:
             s = "fds %d (baseline %s)" % (n, fds0)
             ok = n <= int(fds0)
             if srv.kind == "blkd":
-                c = self.metric(sid, "blkd_connections ").split()[1]
-                f = self.metric(sid, "blkd_requests_in_flight ").split()[1]
-                s += ", /metrics connections %s, in flight %s" % (c, f)
-                ok = ok and float(c) == 0 and float(f) == 0
+                # Connections, requests, and the plugin memory lent to
+                # replies or taking in WRITE payloads (the request buffer
+                # pool keeps its buffers for reuse by design).
+                v = [float(self.metric(sid, m + " ").split()[-1]) for m in
+                     ("blkd_connections", "blkd_requests_in_flight",
+                      "blkd_lend_bytes", "blkd_write_placed_bytes")]
+                s += (", /metrics connections %g, in flight %g, lent %g B, "
+                      "write-placed %g B" % tuple(v))
+                ok = ok and not any(v)
             return ok, s
         end = time.monotonic() + float(secs)
         while True:

@@ -26,11 +26,11 @@ ctl_ok() {
   case $r in OK*) echo "${r#OK }" ;; *) fail "ctl $1: ${r:-no reply}" ;; esac
 }
 
-# serve ID ARGS...: start SERVER with ARGS as server ID; sets PORT, MPORT.
+# serve ID ARGS...: start SERVER with ARGS as server ID; sets PORT.
 serve() {
   SID=$1; shift
   r=$(ctl start "$SID" "$SRV" "$@")
-  case $r in OK*) set -- $r; PORT=$2; MPORT=$3 ;; *) fail "start $SID: $r" ;; esac
+  case $r in OK*) set -- $r; PORT=$2 ;; *) fail "start $SID: $r" ;; esac
   say "$SRV $SID on port $PORT"
 }
 
