@@ -41,9 +41,9 @@ host_ctl() {
 
 # NAME SECONDS [ARGS]: the guest's cases; "kill" must be last (it ends the boot).
 ALL_CASES="fs:memory:4096 fs:ram:512 fs:file:4096 fs:rawio:4096 fio:memory discard multiconn
-readonly tls disconnect sigterm restart:persist restart:netlink live kill"
+readonly tls disconnect sigterm restart:persist restart:netlink live livetls kill"
 declare -A LIMIT=([fs]=120 [fio]=300 [discard]=90 [multiconn]=150 [readonly]=90 [tls]=150
-                  [disconnect]=120 [sigterm]=180 [restart]=180 [live]=180 [kill]=120)
+                  [disconnect]=120 [sigterm]=180 [restart]=180 [live]=180 [livetls]=150 [kill]=120)
 SERVERS=${VM_SERVERS:-blkd nbdkit}
 CASES=${VM_CASES:-$ALL_CASES}
 ACCEL=$(vm_accel)
