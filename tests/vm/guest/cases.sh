@@ -230,7 +230,8 @@ case_multiconn() {
 # readonly: -r export; the kernel marks the device read-only, reads work,
 # writes fail with an error, nothing hangs.
 case_readonly() {
-  serve "$SID" -r memory size=67108864
+  v=; [ "$SRV" = blkd ] && v=-v
+  serve "$SID" $v -r memory size=67108864
   attach -b 4096 -t 30
   [ "$(blockdev --getro $NBD)" = 1 ] || fail "device not read-only"
   dd if=$NBD of=/dev/null bs=1M count=8 2>/dev/null || fail "read"
@@ -239,7 +240,16 @@ case_readonly() {
   fi
   if timeout 60 mkfs.ext4 -q -F $NBD >/dev/null 2>&1; then fail "mkfs on a read-only device succeeded"; fi
   detach
-  note "read-only device; write refused: $(head -n1 /tmp/dd.err)"
+  sr=
+  if [ "$SRV" = blkd ]; then
+    # blkd -v logs how each connection entered transmission: the kernel's
+    # client (nbd-client's handshake) never asks for structured replies.
+    n=$(ctl_ok grep "$SID" 'transmission phase') || exit 1
+    k=$(ctl_ok grep "$SID" 'transmission phase.*structured replies') || exit 1
+    [ "$n" -ge 1 ] && [ "$k" = 0 ] || fail "transmission phases $n, with structured replies $k"
+    sr="; simple replies ($n connection(s), none structured)"
+  fi
+  note "read-only device; write refused: $(head -n1 /tmp/dd.err)$sr"
 }
 
 # tls: certificates against --tls=require; verified I/O; a plaintext
