@@ -215,6 +215,10 @@ case_multiconn() {
   attach -b 4096 -t 60 -C 4
   c=$(logcount '^.* connection=[0-9]+ Connect ')
   [ "$c" = 4 ] || fail "$c connections, want 4"
+  # The kernel picks the connection by the submitting CPU's hardware queue.
+  [ "$(nproc)" -ge 4 ] || fail "the guest has $(nproc) CPUs; -C 4 needs 4 to use every connection"
+  map=$(for q in /sys/block/nbd0/mq/*; do printf ' %s:%s' "${q##*/}" "$(cat $q/cpu_list)"; done)
+  say "hardware queue:CPUs$map"
   fio_verify mc --rw=randwrite --bs=4k --iodepth=8 --numjobs=4 --size=16M --offset_increment=32M
   per=
   for n in 1 2 3 4; do
