@@ -4,8 +4,8 @@ on the host when the guest asks, one text command per TCP connection.
 
 The guest reaches this service at 192.0.2.2:PORT: qemu's user networking
 maps that address to the host's loopback; on a tap link in a network
-namespace (bench/kernel.sh) the service and the servers bind 192.0.2.2.  Commands (reply: "OK ..." or
-"ERR reason"):
+namespace (bench/kernel.sh) the service and the servers bind 192.0.2.2.
+Commands (reply: "OK ..." or "ERR reason"):
 
   start ID KIND ARGS...  KIND blkd|nbdkit|nbd-server|qemu-nbd; -> OK PORT MPORT
   stop ID [SECS]         SIGTERM, wait SECS (default 20) -> OK RC | ERR hung
@@ -18,7 +18,8 @@ namespace (bench/kernel.sh) the service and the servers bind 192.0.2.2.  Command
   count ID REGEX         lines of the server's request log (@LOG@) matching
                          REGEX -> OK N
   grep ID REGEX          lines of the server's own output matching REGEX -> OK N
-  cpu ID                 utime+stime of the server in clock ticks -> OK T
+  cpu ID                 utime+stime of the server and its children, in
+                         clock ticks -> OK T
   fds ID                 open file descriptors of the server -> OK N
   settle ID FDS SECS     wait until the server holds at most FDS descriptors
                          and (blkd) /metrics shows no connection, nothing in
@@ -30,7 +31,6 @@ namespace (bench/kernel.sh) the service and the servers bind 192.0.2.2.  Command
                          descriptors at start and print the result line
                          "CASE kill KIND PASS|FAIL ..." on stderr
   mkfile NAME SIZE       a sparse host file @TMP@/NAME -> OK
-  sh NAME                run tests/vm/host-NAME.sh hook (none by default)
   stopall                stop every server -> OK
 
 In ARGS, @TMP@ is the run's directory, @LOG@ the server's request log
