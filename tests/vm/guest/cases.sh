@@ -211,7 +211,17 @@ case_discard() {
 # multiconn: nbd-client -C 4; four connections, each one carrying
 # verified writes.
 case_multiconn() {
-  serve "$SID" --filter=log memory size=268435456 logfile=@LOG@
+  # Without multi-conn in the export's flags the kernel refuses -C 4
+  # (nbd-client negotiates all four connections, then the netlink
+  # connect fails).
+  serve "$SRV-single" --filter=multi-conn memory size=67108864 multi-conn-mode=disable
+  if timeout 30 nbd-client "$H" "$PORT" $NBD -b 4096 -t 30 -C 4 >/tmp/single 2>&1; then
+    fail "-C 4 attached to an export without multi-conn"
+  fi
+  [ "$(cat /sys/block/nbd0/size)" = 0 ] || fail "the refused -C 4 attach left a size"
+  refused=$(dmesg | grep -i 'multiple connections' | tail -n1 | sed 's/^\[[^]]*\] //')
+  [ -n "$refused" ] || { cat /tmp/single; fail "-C 4 without multi-conn failed, but not for multi-conn"; }
+  serve "$SRV-multiconn" --filter=log memory size=268435456 logfile=@LOG@
   attach -b 4096 -t 60 -C 4
   c=$(logcount '^.* connection=[0-9]+ Connect ')
   [ "$c" = 4 ] || fail "$c connections, want 4"
@@ -228,7 +238,7 @@ case_multiconn() {
   done
   detach
   [ "$(io_errors)" = 0 ] || fail "I/O errors in the kernel log"
-  note "4 connections; writes per connection:$per; verified"
+  note "4 connections; writes per connection:$per; verified; without multi-conn the kernel refused: $refused"
 }
 
 # readonly: -r export; the kernel marks the device read-only, reads work,
