@@ -323,6 +323,11 @@ case_sigterm() {
   timeout 30 nbd-client -d $NBD || fail "detach after the server left"
   msg="fio ended ${t}s after SIGTERM with $e I/O error lines ($first)"
   [ "$rc" = "OK 0" ] || fail "server did not exit within 20s of SIGTERM ($rc); $msg"
+  if [ "$SRV" = blkd ]; then
+    # blkd warns when requests in flight outlive its drain.
+    n=$(ctl_ok grep "$SID" 'did not drain in time') || exit 1
+    [ "$n" = 0 ] || fail "blkd closed connections that did not drain; $msg"
+  fi
   note "server drained and exited 0; $msg"
 }
 
