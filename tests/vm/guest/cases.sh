@@ -123,6 +123,21 @@ wait_pid() {
   ! kill -0 "$1" 2>/dev/null
 }
 
+# serves_again REATTACH ARGS...: after a server restart, whether the device
+# reads again: by itself, or (REATTACH=yes) after nbd-client -d and a new
+# attach with ARGS; sets how.  Fails the case otherwise.
+serves_again() {
+  re=$1; shift
+  how="by itself"
+  timeout 30 dd if=$NBD of=/dev/null bs=1M count=4 iflag=direct 2>/dev/null && return 0
+  [ "$re" = yes ] || fail "device not usable after the restart"
+  detach
+  attach "$@"
+  timeout 30 dd if=$NBD of=/dev/null bs=1M count=4 iflag=direct 2>/dev/null ||
+    fail "device not usable after detach and attach"
+  how="after nbd-client -d and a new attach"
+}
+
 # ---------------------------------------------------------------- cases
 
 # fs PLUGIN BLOCKSIZE: attach, size, mkfs.ext4, files with checksums,
@@ -357,15 +372,8 @@ case_restart() {
   t=$(($(date +%s) - t0))
   e=$(($(io_errors) - e0))
   ferr=$(grep -m1 -E 'error|err=' /tmp/fio.load | sed 's/.*: \(Input.*\): .*/\1/' | cut -c1-60)
-  how="by itself"
-  if ! timeout 30 dd if=$NBD of=/dev/null bs=1M count=4 iflag=direct 2>/dev/null; then
-    [ "$mode" = netlink ] || fail "device not usable after the restart ($e I/O error lines)"
-    detach
-    attach -b 4096 -t 10
-    timeout 30 dd if=$NBD of=/dev/null bs=1M count=4 iflag=direct 2>/dev/null ||
-      fail "device not usable after detach and attach"
-    how="after nbd-client -d and a new attach"
-  fi
+  reattach=yes; [ "$mode" = netlink ] || reattach=no
+  serves_again "$reattach" -b 4096 -t 10 || exit 1
   detach
   note "fio ended ${t}s after the restart with exit $frc${ferr:+ ($ferr)}, $e I/O error lines in dmesg; device served again $how$kn"
 }
@@ -439,14 +447,7 @@ case_livetls() {
   wait "$FIO_PID"; frc=$?
   t=$(($(date +%s) - t0))
   e=$(($(io_errors) - e0))
-  how="by itself"
-  if ! timeout 30 dd if=$NBD of=/dev/null bs=1M count=4 iflag=direct 2>/dev/null; then
-    detach
-    attach -b 4096 -t 10 $tls
-    timeout 30 dd if=$NBD of=/dev/null bs=1M count=4 iflag=direct 2>/dev/null ||
-      fail "device not usable after detach and attach"
-    how="after nbd-client -d and a new attach"
-  fi
+  serves_again yes -b 4096 -t 10 $tls || exit 1
   detach
   note "TLS session closed by the restart: fio exit $frc after ${t}s, $e I/O error lines; device served again $how"
 }
