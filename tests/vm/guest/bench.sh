@@ -1,6 +1,7 @@
 # Guest side of bench/kernel.sh (sourced by cases.sh for the "bench"
-# case): fio on /dev/nbd0 against each server in turn, alternating servers
-# within each round; one line per run on the console:
+# case): fio on /dev/nbd0 against each server in turn within each round
+# (the order reversed on every other round); one line per run on the
+# console:
 #   BENCH ROUND SERVER CONNS JOB IOPS MIBS REQUESTS AVG_KIB CPU_TICKS
 # REQUESTS and AVG_KIB are what the kernel sent (/sys/block/nbd0/stat:
 # reads, writes, discards and flushes completed); CPU_TICKS is the
@@ -67,8 +68,11 @@ case_bench() {
   done
   r=1
   while [ $r -le "$BENCH_ROUNDS" ]; do
+    # Servers in turn, the order reversed on every other round.
+    order=$BENCH_SERVERS
+    if [ $((r % 2)) = 0 ]; then order=; for s in $BENCH_SERVERS; do order="$s $order"; done; fi
     for c in $BENCH_CONNS; do
-      for s in $BENCH_SERVERS; do
+      for s in $order; do
         if ! bench_attach "$s" "$c"; then
           echo "BENCH $r $s $c - n/a $(tail -n1 /tmp/attach | tr ' ' _)" >/dev/console
           detach
