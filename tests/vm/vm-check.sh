@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # make vm-check: the kernel's NBD client (Debian's nbd.ko and nbd-client in
 # a qemu guest) against blkd and, with the same guest script, against
-# nbdkit as the reference.  One boot per server; the guest asks the host's
-# control service (tests/vm/control.py) to start and signal servers.
+# nbdkit as the reference.  Two boots per server (2 CPUs for most cases, 4
+# for -C 4); the guest asks the host's control service
+# (tests/vm/control.py) to start, signal and inspect servers.
 # Prints one line per case and a table; fails when a blkd case fails.  A
 # case failing on nbdkit is reported, not hidden, and does not fail the run.
-# VM_SERVERS="blkd nbdkit" and VM_CASES="fs fio ..." choose a subset.
+# VM_SERVERS="blkd nbdkit" and VM_CASES="fs:memory:4096 live ..." (cases
+# as in ALL_CASES below) choose a subset.
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/vm.sh"
 . "$(dirname "$0")/../helpers/tls.sh"
@@ -39,7 +41,8 @@ host_ctl() {
   echo "$r"
 }
 
-# NAME SECONDS [ARGS]: the guest's cases; "kill" must be last (it ends the boot).
+# The guest's cases, NAME[:ARG[:ARG]] (tests/vm/guest/cases.sh), and each
+# one's time limit in seconds; "kill" must be last (it ends the boot).
 ALL_CASES="fs:memory:4096 fs:ram:512 fs:file:4096 fs:rawio:4096 fio:memory discard multiconn
 readonly tls disconnect sigterm restart:persist restart:netlink live livetls kill"
 declare -A LIMIT=([fs]=120 [fio]=300 [discard]=90 [multiconn]=150 [readonly]=90 [tls]=150
