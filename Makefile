@@ -126,6 +126,7 @@ include deploy/deploy.mk
 include fuzz/fuzz.mk
 include tests/interop/interop.mk
 include man/man.mk
+include tests/vm/vm.mk
 
 # Install only what is missing: a machine that has everything runs no apt.
 deps:

@@ -1,0 +1,405 @@
+#!/usr/bin/python3
+"""Host side of the guest harness: starts, signals and inspects NBD servers
+on the host when the guest asks, one text command per TCP connection.
+
+The guest reaches this service at 192.0.2.2:PORT: qemu's user networking
+maps that address to the host's loopback; on a tap link in a network
+namespace (bench/kernel.sh) the service and the servers bind 192.0.2.2.
+Commands (reply: "OK ..." or "ERR reason"):
+
+  start ID KIND ARGS...  KIND blkd|nbdkit|nbd-server|qemu-nbd; -> OK PORT MPORT
+  stop ID [SECS]         SIGTERM, wait SECS (default 20) -> OK RC | ERR hung
+  signal ID SIG          send SIG (TERM, KILL, USR2, ...) -> OK
+  wait ID SECS           wait for exit -> OK RC | ERR running
+  alive ID               -> OK 1 | OK 0
+  pid ID                 -> OK PID
+  metric ID SERIES       sum of /metrics samples whose name{labels} starts
+                         with SERIES -> OK VALUE
+  count ID REGEX         lines of the server's request log (@LOG@) matching
+                         REGEX -> OK N
+  grep ID REGEX          lines of the server's own output matching REGEX -> OK N
+  cpu ID                 utime+stime of the server and its children, in
+                         clock ticks -> OK T
+  fds ID                 open file descriptors of the server -> OK N
+  settle ID FDS SECS     wait until the server holds at most FDS descriptors
+                         and (blkd) /metrics shows no connection, nothing in
+                         flight, lent or being placed -> OK summary | ERR ...
+  restart ID [SECS]      stop (SIGKILL if SIGTERM takes over SECS), then start
+                         again with the same arguments on the same port
+                         -> OK PORT MPORT ["killed"]
+  killvm ID              kill qemu (SIGKILL) now; then settle ID against its
+                         descriptors at start and print the result line
+                         "CASE kill KIND PASS|FAIL ..." on stderr
+  mkfile NAME SIZE       a sparse host file @TMP@/NAME -> OK
+  stopall                stop every server -> OK
+
+In ARGS, @TMP@ is the run's directory, @LOG@ the server's request log
+(@TMP@/ID.req.log) and @TLS@ the server's TLS material.
+"""
+import argparse
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "helpers"))
+from blkdtest import listen_ports  # noqa: E402  (the tests' /proc port finder)
+
+
+def log(msg):
+    print("control: " + msg, file=sys.stderr, flush=True)
+
+
+class Server:
+    def __init__(self, sid, kind, proc, logpath, reqlog, args):
+        self.sid, self.kind, self.proc = sid, kind, proc
+        self.logpath, self.reqlog, self.args = logpath, reqlog, args
+        self.port = self.mport = self.fds0 = 0
+        self.pid = proc.pid   # a daemon's (nbd-server's) from its pidfile
+
+
+class Control:
+    def __init__(self, args):
+        self.a = args
+        self.servers = {}
+
+    def subst(self, s, sid):
+        return (s.replace("@TMP@", self.a.tmp).replace("@TLS@", self.a.tls or "")
+                .replace("@LOG@", os.path.join(self.a.tmp, sid + ".req.log"))
+                .replace("@TOP@", self.a.top))
+
+    def wait_for(self, cond, secs):
+        end = time.monotonic() + secs
+        while time.monotonic() < end:
+            v = cond()
+            if v:
+                return v
+            time.sleep(0.05)
+        return None
+
+    def start(self, sid, kind, *args, port="0"):
+        if sid in self.servers and self.servers[sid].proc.poll() is None:
+            return "ERR %s is running" % sid
+        orig = args
+        args = [self.subst(x, sid) for x in args]
+        logpath = os.path.join(self.a.tmp, sid + ".log")
+        reqlog = os.path.join(self.a.tmp, sid + ".req.log")
+        if kind == "blkd":
+            cmd = [self.a.blkd, "-f", "-i", self.a.bind, "-p", port,
+                   "--metrics", "127.0.0.1:0"] + args
+        elif kind == "nbdkit":
+            cmd = ["nbdkit", "-f", "-i", self.a.bind, "-p", port] + args
+        elif kind == "qemu-nbd":
+            cmd = ["qemu-nbd", "-b", self.a.bind, "-p", port, "--persistent",
+                   "--shared=8"] + args
+        elif kind == "nbd-server":
+            # nbd-server takes its port and file from a config file, and
+            # port 0 there means "no TCP listener", not "any port": ask
+            # the kernel for a free one (meant for bench/kernel.sh, whose
+            # network namespace has no other user to take it meanwhile).
+            if port == "0":
+                probe = socket.socket()
+                probe.bind((self.a.bind, 0))
+                port = str(probe.getsockname()[1])
+                probe.close()
+            conf = os.path.join(self.a.tmp, sid + ".conf")
+            with open(conf, "w") as f:
+                f.write("[generic]\nlistenaddr = %s\nport = %s\n"
+                        "allowlist = true\n[%s]\nexportname = %s\n"
+                        % (self.a.bind, port, sid, args[0]))
+                for kv in args[1:]:
+                    f.write(kv.replace("=", " = ", 1) + "\n")
+            # In the foreground (-d) it serves one client and exits: let
+            # it fork and find it by its pidfile.
+            pidfile = os.path.join(self.a.tmp, sid + ".pid")
+            cmd = ["nbd-server", "-C", conf, "-p", pidfile]
+        else:
+            return "ERR unknown server kind " + kind
+        logf = open(logpath, "ab")
+        from_ = logf.tell()
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        logf.close()
+        srv = Server(sid, kind, proc, logpath, reqlog, orig)
+        self.servers[sid] = srv
+        log("%s: %s (pid %d)" % (sid, " ".join(cmd), proc.pid))
+        if kind == "nbd-server":
+            def ports():
+                try:
+                    srv.pid = int(open(pidfile).read())
+                except (OSError, ValueError):
+                    return None
+                p = listen_ports(srv.pid)
+                return (p[0], 0) if p else None
+        elif kind == "blkd":
+            def ports():
+                if proc.poll() is not None:
+                    return "dead"
+                with open(logpath, "rb") as f:
+                    f.seek(from_)
+                    text = f.read().decode(errors="replace")
+                p = re.search(r"serving .* on nbds?://[^ ]*:(\d+)/", text)
+                m = re.search(r"metrics on http://[^ ]*:(\d+)/metrics", text)
+                return (int(p.group(1)), int(m.group(1))) if p and m else None
+        else:
+            def ports():
+                if proc.poll() is not None:
+                    return "dead"
+                p = listen_ports(proc.pid)
+                return (p[0], 0) if p else None
+        got = self.wait_for(ports, 30)
+        if got is None or got == "dead":
+            tail = open(logpath, errors="replace").read()[-400:].replace("\n", " | ")
+            self.kill(srv)
+            return "ERR %s did not start: %s" % (sid, tail)
+        srv.port, srv.mport = got
+        srv.fds0 = self.nfds(srv)
+        return "OK %d %d" % got
+
+    def kill(self, srv):
+        if srv.pid != srv.proc.pid:
+            try:
+                os.kill(srv.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if srv.proc.poll() is None:
+            try:
+                os.killpg(srv.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            srv.proc.wait()
+
+    def get(self, sid):
+        srv = self.servers.get(sid)
+        if srv is None:
+            raise KeyError("no server " + sid)
+        return srv
+
+    def stop(self, sid, secs="20"):
+        srv = self.get(sid)
+        if srv.proc.poll() is None:
+            srv.proc.send_signal(signal.SIGTERM)
+            try:
+                srv.proc.wait(float(secs))
+            except subprocess.TimeoutExpired:
+                self.kill(srv)
+                return "ERR hung: still running %ss after SIGTERM, killed" % secs
+        return "OK %d" % srv.proc.returncode
+
+    def signal(self, sid, sig):
+        srv = self.get(sid)
+        os.kill(srv.proc.pid, getattr(signal, "SIG" + sig.upper()))
+        return "OK"
+
+    def wait(self, sid, secs):
+        srv = self.get(sid)
+        try:
+            return "OK %d" % srv.proc.wait(float(secs))
+        except subprocess.TimeoutExpired:
+            return "ERR running"
+
+    def alive(self, sid):
+        return "OK %d" % (self.get(sid).proc.poll() is None)
+
+    def pid(self, sid):
+        return "OK %d" % self.get(sid).proc.pid
+
+    def metric(self, sid, series):
+        srv = self.get(sid)
+        if not srv.mport:
+            return "ERR %s has no metrics" % sid
+        url = "http://127.0.0.1:%d/metrics" % srv.mport
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        total, found = 0.0, False
+        for line in text.splitlines():
+            if line.startswith(series) and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+        if not found:
+            return "ERR no sample %s in /metrics" % series
+        return "OK %g" % total
+
+    def count(self, sid, regex):
+        srv = self.get(sid)
+        try:
+            text = open(srv.reqlog, errors="replace").read()
+        except OSError:
+            return "OK 0"
+        return "OK %d" % len(re.findall(regex, text, re.M))
+
+    def cpu(self, sid):
+        srv = self.get(sid)
+        return "OK %d" % self.cputicks(srv.pid)
+
+    def cputicks(self, pid):
+        """utime+stime of PID, its reaped children (cutime+cstime) and its
+        living descendants: nbd-server forks a process per client."""
+        def stat(p):
+            return open("/proc/%d/stat" % p).read().rsplit(")", 1)[1].split()
+        kids = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    kids.setdefault(int(stat(int(d))[1]), []).append(int(d))
+                except (OSError, IndexError):
+                    pass
+        f = stat(pid)
+        total = sum(int(x) for x in f[11:15])
+        todo = list(kids.get(pid, []))
+        while todo:
+            p = todo.pop()
+            try:
+                g = stat(p)
+            except OSError:
+                continue
+            total += int(g[11]) + int(g[12])
+            todo += kids.get(p, [])
+        return total
+
+    def grep(self, sid, regex):
+        srv = self.get(sid)
+        text = open(srv.logpath, errors="replace").read()
+        return "OK %d" % len(re.findall(regex, text, re.M))
+
+    def nfds(self, srv):
+        return len(os.listdir("/proc/%d/fd" % srv.proc.pid))
+
+    def fds(self, sid):
+        return "OK %d" % self.nfds(self.get(sid))
+
+    def settle(self, sid, fds0, secs):
+        """Waits until the server is back to its idle state."""
+        srv = self.get(sid)
+        def state():
+            n = self.nfds(srv)
+            s = "fds %d (baseline %s)" % (n, fds0)
+            ok = n <= int(fds0)
+            if srv.kind == "blkd":
+                # Connections, requests, and the plugin memory lent to
+                # replies or taking in WRITE payloads (the request buffer
+                # pool keeps its buffers for reuse by design).
+                v = [float(self.metric(sid, m + " ").split()[-1]) for m in
+                     ("blkd_connections", "blkd_requests_in_flight",
+                      "blkd_lend_bytes", "blkd_write_placed_bytes")]
+                s += (", /metrics connections %g, in flight %g, lent %g B, "
+                      "write-placed %g B" % tuple(v))
+                ok = ok and not any(v)
+            return ok, s
+        end = time.monotonic() + float(secs)
+        while True:
+            if srv.proc.poll() is not None:
+                return "ERR %s exited with %d" % (sid, srv.proc.returncode)
+            ok, s = state()
+            if ok:
+                return "OK " + s
+            if time.monotonic() > end:
+                return "ERR after %ss: %s" % (secs, s)
+            time.sleep(0.2)
+
+    def restart(self, sid, secs="20"):
+        """What a service manager does: SIGTERM, SIGKILL after SECS, start."""
+        srv = self.get(sid)
+        stopped = self.stop(sid, secs)
+        r = self.start(sid, srv.kind, *srv.args, port=str(srv.port))
+        if r.startswith("OK") and not stopped.startswith("OK"):
+            r += " killed"
+        return r
+
+    def killvm(self, sid):
+        """Kills the guest with I/O in flight; the verdict is ours to print."""
+        srv = self.get(sid)
+        pid = int(open(os.path.join(self.a.tmp, "qemu.pid")).read())
+        os.kill(pid, signal.SIGKILL)
+        r = self.settle(sid, str(srv.fds0), "30")
+        print("CASE kill %s %s %s" % (srv.kind, "PASS" if r.startswith("OK") else "FAIL",
+                                      "guest killed under load; server " + r[3:]),
+              file=sys.stderr, flush=True)
+        return "OK"
+
+    def mkfile(self, name, size):
+        path = os.path.join(self.a.tmp, os.path.basename(name))
+        with open(path, "wb") as f:
+            f.truncate(int(size))
+        return "OK"
+
+    def stopall(self):
+        for srv in self.servers.values():
+            if srv.pid != srv.proc.pid:
+                self.kill(srv)
+            if srv.proc.poll() is None:
+                srv.proc.send_signal(signal.SIGTERM)
+        for srv in self.servers.values():
+            try:
+                srv.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill(srv)
+        return "OK"
+
+    def handle(self, line):
+        words = line.split()
+        if words and words[0] in ("count", "grep", "metric"):
+            words = line.split(None, 2)   # the regex or series may hold spaces
+        if not words:
+            return "ERR empty"
+        fn = {"start": self.start, "stop": self.stop, "signal": self.signal,
+              "wait": self.wait, "alive": self.alive, "pid": self.pid,
+              "metric": self.metric, "count": self.count, "cpu": self.cpu,
+              "mkfile": self.mkfile, "stopall": self.stopall, "grep": self.grep,
+              "fds": self.fds, "settle": self.settle, "restart": self.restart,
+              "killvm": self.killvm}.get(words[0])
+        if fn is None:
+            return "ERR unknown command " + words[0]
+        try:
+            return fn(*words[1:])
+        except Exception as e:  # reported to the guest, which fails its case
+            return "ERR %s: %s" % (type(e).__name__, e)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tmp", required=True)
+    ap.add_argument("--tls", default="")
+    ap.add_argument("--top", required=True)
+    ap.add_argument("--blkd", required=True)
+    ap.add_argument("--port-file", required=True)
+    ap.add_argument("--bind", default="127.0.0.1",
+                    help="address the servers and this service listen on")
+    a = ap.parse_args()
+    ctl = Control(a)
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((a.bind, 0))
+    ls.listen(8)
+    with open(a.port_file + ".tmp", "w") as f:
+        f.write("%d\n" % ls.getsockname()[1])
+    os.rename(a.port_file + ".tmp", a.port_file)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            c, _ = ls.accept()
+            c.settimeout(30)
+            try:
+                data = b""
+                while b"\n" not in data and len(data) < 4096:
+                    chunk = c.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                line = data.decode(errors="replace").strip()
+                reply = ctl.handle(line)
+                log("%s -> %s" % (line, reply))
+                c.sendall((reply + "\n").encode())
+            except OSError as e:
+                log("connection: %s" % e)
+            finally:
+                c.close()
+    finally:
+        ctl.stopall()
+
+
+if __name__ == "__main__":
+    main()
