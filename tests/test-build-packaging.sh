@@ -72,6 +72,7 @@ make -s "${flags[@]}" install DESTDIR="$TMP/dest" >/dev/null
 for f in bin/blkd bin/blkperf share/man/man1/blkd.1 share/man/man1/blkperf.1 \
          share/man/man1/nbdkit-ram-plugin.1 share/man/man1/nbdkit-rawio-plugin.1 \
          lib/blkd/plugins/nbdkit-ram-plugin.so lib/blkd/plugins/nbdkit-rawio-plugin.so \
+         $([ -f plugins/rbd/nbdkit-rbd-plugin.so ] && echo share/man/man1/nbdkit-rbd-plugin.1 lib/blkd/plugins/nbdkit-rbd-plugin.so) \
          include/blkd-plugin.h lib/pkgconfig/blkd.pc; do
   [ -f "$TMP/dest/usr/local/$f" ] || fail "make install did not install $f"
 done
@@ -101,7 +102,7 @@ man_ok=$(LC_ALL=C.UTF-8 MANWIDTH=80 man -l "$TMP/dest/usr/local/share/man/man1/n
 make -s uninstall DESTDIR="$TMP/dest" >/dev/null
 left=$(find "$TMP/dest" -type f)
 [ -z "$left" ] || fail "make uninstall left: $left"
-echo "ok: install puts binaries, plugins, man pages (blkd, blkperf, ram, rawio), blkd-plugin.h and blkd.pc in place; uninstall removes them"
+echo "ok: install puts binaries, plugins, man pages (blkd, blkperf and the plugins), blkd-plugin.h and blkd.pc in place; uninstall removes them"
 
 cd "$TOP"
 version=$(cat VERSION)

@@ -52,7 +52,7 @@ for prog in "$BLKD" "$BLKPERF"; do
 done
 [ "$bad" -eq 0 ] || fail "$bad option(s) missing from the manual pages"
 
-for name in ram rawio; do
+for name in ram rawio rbd; do
   page="$TOP/man/nbdkit-$name-plugin.1"
   [ -f "$page" ] || fail "no manual page $page"
   renders_clean "$page"

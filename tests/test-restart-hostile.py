@@ -289,6 +289,7 @@ for name, size, served in (("adopted", probe.size, True), ("changed", probe.size
     serves(proc, log_path, name)
     raw = RawClient.__new__(RawClient)
     raw.sock = ours
+    raw.extended = False            # the state handed over a compact-header connection
     raw.sock.settimeout(10)
     with open(log_path, "rb") as f:
         text = f.read().decode(errors="replace")
