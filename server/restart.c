@@ -39,15 +39,18 @@
 #include "internal.h"
 
 /* The state's wire form.  Native byte order: only this host reads it.
- *   header   magic[8] version:u32 nlisten:u32 nconns:u32 flags:u32
- *            restarts:u64 handed:u64 exe_len:u32 exe[exe_len]
- *   listener fd:i32                                  (nlisten times)
+ *   preamble magic[8] nlisten:u32 flags:u32 fd:i32[nlisten]
+ *   header   version:u32 nconns:u32 restarts:u64 handed:u64
+ *            exe_len:u32 exe[exe_len]
  *   conn     fd:i32 cflags:u32 size:u64 old_id:u64 eflags:u32
  *            block_min:u32 block_pref:u32 block_max:u32
  *            peer_len:u32 name_len:u32 peer[peer_len] name[name_len]
  *                                                    (nconns times)
- * A new version number for any change: an image reading a version it
- * does not know treats the state as unreadable (closes, binds afresh). */
+ * The preamble never changes, so that any later binary can keep the
+ * listening sockets; a new version number for any change after it.  An
+ * image reading a version it does not know keeps the listeners and closes
+ * the connections; one that cannot read the preamble closes every socket
+ * it inherited and binds afresh. */
 #define STATE_MAGIC     "BLKDRST\n"
 #define STATE_VERSION   1u
 #define STATE_MAX       (64u << 20)
@@ -136,6 +139,8 @@ resolve_exe (const char *argv0)
   if (argv0 && strchr (argv0, '/')) {
     if (argv0[0] == '/')
       return strdup (argv0);
+    while (argv0[0] == '.' && argv0[1] == '/')
+      argv0 += 2;                 /* "./blkd": the log names DIR/blkd */
     if (getcwd (buf, sizeof buf) && strlen (buf) + 1 + strlen (argv0) < sizeof buf) {
       strcat (buf, "/");
       strcat (buf, argv0);
@@ -161,10 +166,11 @@ resolve_exe (const char *argv0)
 }
 
 /* A state that does not parse: close every socket it may have passed us
- * (any inherited socket but stdin/out/err), so that no client waits on a
- * connection nobody serves, and so that the listeners can be bound again. */
+ * (any inherited socket but stdin/out/err and the listeners in keep), so
+ * that no client waits on a connection nobody serves, and so that the
+ * listeners can be bound again if they are not kept. */
 static void
-close_inherited_sockets (void)
+close_inherited_sockets (const int *keep, int nkeep)
 {
   DIR *d = opendir ("/proc/self/fd");
   if (!d)
@@ -172,15 +178,19 @@ close_inherited_sockets (void)
   int dfd = dirfd (d), n = 0;
   struct dirent *e;
   while ((e = readdir (d))) {
-    int fd = atoi (e->d_name);
+    int fd = atoi (e->d_name), k = 0;
     struct stat st;
-    if (fd > STDERR_FILENO && fd != dfd && fstat (fd, &st) == 0 && S_ISSOCK (st.st_mode)) {
+    while (k < nkeep && keep[k] != fd)
+      k++;
+    if (k == nkeep && fd > STDERR_FILENO && fd != dfd && fstat (fd, &st) == 0
+        && S_ISSOCK (st.st_mode)) {
       close (fd);
       n++;
     }
   }
   closedir (d);
-  log_error ("live restart: closed %d inherited socket(s); their clients must reconnect", n);
+  log_error ("live restart: closed %d inherited socket(s)%s; their clients must reconnect",
+             n, nkeep ? " (listeners kept)" : "");
 }
 
 /* A socket we were passed: listening (want_listen) or connected. */
@@ -222,82 +232,103 @@ cmp_int (const void *a, const void *b)
   return *(const int *) a - *(const int *) b;
 }
 
-/* Parse the state as untrusted input: every count and length bounded,
- * every fd a socket of the right kind and named once.  0, or -1 with
- * nothing adopted. */
+/* The preamble: magic and listeners.  0, or -1 with nothing kept. */
 static int
-parse_state (const uint8_t *buf, size_t len)
+parse_preamble (struct reader *r)
 {
-  struct reader r = { buf, buf + len, false };
   char magic[8];
-  rd (&r, magic, sizeof magic);
-  if (r.bad || memcmp (magic, STATE_MAGIC, sizeof magic) != 0) {
+  rd (r, magic, sizeof magic);
+  if (r->bad || memcmp (magic, STATE_MAGIC, sizeof magic) != 0) {
     log_error ("live restart: the state has no valid magic");
     return -1;
   }
-  uint32_t version = rd32 (&r), nlisten = rd32 (&r), nconns = rd32 (&r);
-  uint32_t flags = rd32 (&r);
-  uint64_t nrestarts = rd64 (&r), nhanded = rd64 (&r);
-  uint32_t exe_len = rd32 (&r);
-  if (r.bad || version != STATE_VERSION) {
+  uint32_t nlisten = rd32 (r), flags = rd32 (r);
+  if (r->bad || nlisten == 0 || nlisten > MAX_LISTEN
+      || (flags & ~(SF_SOCKET_ACTIVATED | SF_UNIX_CREATED))) {
+    log_error ("live restart: state out of bounds (%u listeners, flags 0x%x)", nlisten, flags);
+    return -1;
+  }
+  for (uint32_t i = 0; i < nlisten; i++) {
+    int32_t fd;
+    rd (r, &fd, 4);
+    for (uint32_t k = 0; k < i; k++)
+      if (in_listen[k] == fd)
+        fd = -1;                  /* named twice */
+    if (r->bad || !valid_socket (fd, true)) {
+      log_error ("live restart: listener %u (fd %d) is not a listening socket", i, fd);
+      return -1;
+    }
+    in_listen[i] = fd;
+  }
+  n_in_listen = nlisten;
+  in_flags = flags;
+  return 0;
+}
+
+/* The rest, as untrusted input: every count and length bounded, every fd
+ * a connected socket, named once and not a listener.  0, or -1 with no
+ * connection kept. */
+static int
+parse_conns (struct reader *r)
+{
+  uint32_t version = rd32 (r), nconns = rd32 (r);
+  uint64_t nrestarts = rd64 (r), nhanded = rd64 (r);
+  uint32_t exe_len = rd32 (r);
+  if (r->bad || version != STATE_VERSION) {
     log_error ("live restart: state version %u, this binary reads %u", version, STATE_VERSION);
     return -1;
   }
-  if (nlisten == 0 || nlisten > MAX_LISTEN || nconns > MAX_CONNS || exe_len >= PATH_MAX
-      || (flags & ~(SF_SOCKET_ACTIVATED | SF_UNIX_CREATED))) {
-    log_error ("live restart: state out of bounds (%u listeners, %u connections)",
-               nlisten, nconns);
+  if (nconns > MAX_CONNS || exe_len == 0 || exe_len >= PATH_MAX) {
+    log_error ("live restart: state out of bounds (%u connections, a path of %u bytes)",
+               nconns, exe_len);
     return -1;
   }
   char exe[PATH_MAX];
-  rd (&r, exe, exe_len);
+  rd (r, exe, exe_len);
   exe[exe_len] = '\0';
-  int *fds = malloc ((nlisten + (size_t) nconns) * sizeof *fds);
+  if (r->bad || exe[0] != '/' || strlen (exe) != exe_len) {
+    log_error ("live restart: the binary's path in the state is not an absolute path");
+    return -1;
+  }
+  int *fds = malloc ((n_in_listen + (size_t) nconns) * sizeof *fds);
   if (!fds) {
     log_error ("live restart: out of memory reading the state");
     return -1;
   }
   size_t nfds = 0;
-  for (uint32_t i = 0; i < nlisten; i++) {
-    int32_t fd;
-    rd (&r, &fd, 4);
-    if (r.bad || !valid_socket (fd, true)) {
-      log_error ("live restart: listener %u (fd %d) is not a listening socket", i, fd);
-      goto bad;
-    }
-    in_listen[i] = fds[nfds++] = fd;
-  }
+  for (int i = 0; i < n_in_listen; i++)
+    fds[nfds++] = in_listen[i];
   struct handed **tail = &in_conns;
   for (uint32_t i = 0; i < nconns; i++) {
     struct handed h = { .next = NULL };
     int32_t fd;
-    rd (&r, &fd, 4);
+    rd (r, &fd, 4);
     h.fd = fd;
-    h.cflags = rd32 (&r);
-    h.size = rd64 (&r);
-    h.old_id = rd64 (&r);
-    uint32_t eflags = rd32 (&r);
+    h.cflags = rd32 (r);
+    h.size = rd64 (r);
+    h.old_id = rd64 (r);
+    uint32_t eflags = rd32 (r);
     for (int k = 0; k < 3; k++)
-      h.bs[k] = rd32 (&r);
-    uint32_t peer_len = rd32 (&r), name_len = rd32 (&r);
-    if (r.bad || peer_len >= sizeof h.peer || name_len > NBD_MAX_STRING
+      h.bs[k] = rd32 (r);
+    uint32_t peer_len = rd32 (r), name_len = rd32 (r);
+    if (r->bad || peer_len >= sizeof h.peer || name_len > NBD_MAX_STRING
         || (h.cflags & ~CF_ALL) || eflags > UINT16_MAX || !(eflags & NBD_FLAG_HAS_FLAGS)
         || h.size > INT64_MAX) {
       log_error ("live restart: connection record %u is malformed", i);
       goto bad;
     }
     h.eflags = eflags;
-    rd (&r, h.peer, peer_len);
+    rd (r, h.peer, peer_len);
     h.peer[peer_len] = '\0';
     h.name = malloc (name_len + 1);
     if (!h.name) {
       log_error ("live restart: out of memory reading the state");
       goto bad;
     }
-    rd (&r, h.name, name_len);
+    rd (r, h.name, name_len);
     h.name[name_len] = '\0';
     struct handed *p = malloc (sizeof *p);
-    if (r.bad || !p || strlen (h.name) != name_len || strlen (h.peer) != peer_len
+    if (r->bad || !p || strlen (h.name) != name_len || strlen (h.peer) != peer_len
         || !valid_socket (fd, false)) {
       log_error ("live restart: connection record %u (fd %d) is malformed", i, fd);
       free (h.name);
@@ -309,8 +340,8 @@ parse_state (const uint8_t *buf, size_t len)
     tail = &p->next;
     fds[nfds++] = fd;
   }
-  if (r.p != r.end) {
-    log_error ("live restart: %zu bytes after the last record", (size_t) (r.end - r.p));
+  if (r->p != r->end) {
+    log_error ("live restart: %zu bytes after the last record", (size_t) (r->end - r->p));
     goto bad;
   }
   qsort (fds, nfds, sizeof *fds, cmp_int);
@@ -319,13 +350,13 @@ parse_state (const uint8_t *buf, size_t len)
       log_error ("live restart: fd %d is named twice", fds[i]);
       goto bad;
     }
-  /* Ours now: no plugin's child may inherit them. */
-  for (size_t i = 0; i < nfds; i++)
-    fcntl (fds[i], F_SETFD, FD_CLOEXEC);
   free (fds);
-  n_in_listen = nlisten;
+  char *path = strdup (exe);     /* the path the first image resolved */
+  if (path) {
+    free (exe_path);
+    exe_path = path;
+  }
   n_in_conns = nconns;
-  in_flags = flags;
   atomic_store (&restarts, nrestarts);
   atomic_store (&handed_total, nhanded);
   return 0;
@@ -363,22 +394,24 @@ restart_save_argv (int argc, char **argv)
 void
 restart_init (void)
 {
-
   const char *env = getenv (RESTART_ENV);
   if (!env)
     return;
-  char *end;
-  long fd = strtol (env, &end, 10);
+  char val[32];
+  snprintf (val, sizeof val, "%s", env);
   unsetenv (RESTART_ENV);
-  adopting = true;                /* even if the state is bad: we are not new */
+  /* Started by a live restart even if the state turns out bad: the first
+   * image forked and dropped privileges already. */
+  adopting = true;
+  char *end;
+  long fd = strtol (val, &end, 10);
   struct stat st;
-  if (*env == '\0' || *end || fd <= STDERR_FILENO || fd > INT_MAX
+  if (val[0] == '\0' || *end || fd <= STDERR_FILENO || fd > INT_MAX
       || fstat ((int) fd, &st) == -1 || !S_ISREG (st.st_mode)
       || st.st_size <= 0 || st.st_size > STATE_MAX) {
     log_error ("live restart: %s=%s does not name a state file; starting afresh",
-               RESTART_ENV, env);
-    close_inherited_sockets ();
-    adopting = false;
+               RESTART_ENV, val);
+    close_inherited_sockets (NULL, 0);
     return;
   }
   uint8_t *buf = malloc (st.st_size);
@@ -390,19 +423,30 @@ restart_init (void)
     got += n;
   }
   close ((int) fd);
-  if (!buf || got != (size_t) st.st_size || parse_state (buf, got) == -1) {
+  struct reader r = { buf, buf + got, !buf || got != (size_t) st.st_size };
+  if (r.bad || parse_preamble (&r) == -1) {
     log_error ("live restart: cannot use the state passed by the previous image; "
                "starting afresh");
-    close_inherited_sockets ();
-    adopting = false;
+    n_in_listen = 0;
+    close_inherited_sockets (NULL, 0);
   }
+  else if (parse_conns (&r) == -1) {
+    log_error ("live restart: cannot read the connections in the state; keeping the "
+               "listening sockets only");
+    close_inherited_sockets (in_listen, n_in_listen);
+  }
+  /* Ours now: no plugin's child may inherit them. */
+  for (int i = 0; i < n_in_listen; i++)
+    fcntl (in_listen[i], F_SETFD, FD_CLOEXEC);
+  for (struct handed *h = in_conns; h; h = h->next)
+    fcntl (h->fd, F_SETFD, FD_CLOEXEC);
   free (buf);
 }
 
 int
 restart_listeners (int (*add) (int fd), bool *unix_created)
 {
-  if (!adopting)
+  if (n_in_listen == 0)
     return 0;
   for (int i = 0; i < n_in_listen; i++)
     if (add (in_listen[i]) == -1)
@@ -468,8 +512,8 @@ shard_adopt (struct shard *s, void *arg)
 void
 restart_adopt_conns (void)
 {
-  if (!adopting)
-    return;
+  if (n_in_listen == 0)
+    return;                       /* not restarted, or nothing usable passed */
   struct handed **lists = calloc (nshards, sizeof *lists);
   if (!lists) {
     log_error ("live restart: out of memory; closing the inherited connections");
@@ -826,18 +870,18 @@ write_state (void)
     nconns += rs[i].nout;
   uint32_t exe_len = strlen (exe_path);
   wr (&w, STATE_MAGIC, 8);
-  wr32 (&w, STATE_VERSION);
   wr32 (&w, n_out_listen);
-  wr32 (&w, nconns);
   wr32 (&w, out_flags);
-  wr64 (&w, restart_count ());
-  wr64 (&w, restart_handed_total ());
-  wr32 (&w, exe_len);
-  wr (&w, exe_path, exe_len);
   for (int i = 0; i < n_out_listen; i++) {
     int32_t fd = out_listen[i];
     wr (&w, &fd, 4);
   }
+  wr32 (&w, STATE_VERSION);
+  wr32 (&w, nconns);
+  wr64 (&w, restart_count ());
+  wr64 (&w, restart_handed_total ());
+  wr32 (&w, exe_len);
+  wr (&w, exe_path, exe_len);
   for (int i = 0; i < rs_n; i++)
     for (struct handed *h = rs[i].out; h; h = h->next) {
       int32_t fd = h->fd;

@@ -200,48 +200,64 @@ def serves(proc, log_path, what):
     h.connect_uri("nbd://127.0.0.1:%d" % port)
     round_trip(h, "%s: a new client is served" % what)
     h.shutdown()
+    return port
 
 
-def header(nlisten, nconns, exe=b""):
-    return (b"BLKDRST\n" + struct.pack("=IIIIQQI", 1, nlisten, nconns, 0, 0, 0, len(exe)) + exe)
+def preamble(*fds):
+    return b"BLKDRST\n" + struct.pack("=II", len(fds), 0) + b"".join(struct.pack("=i", f)
+                                                                   for f in fds)
 
 
-def record(fd, peer=b"p", name=b"", size=8 * MiB, eflags=1, cflags=0):
-    return (struct.pack("=iIQQIIIIII", fd, cflags, size, 1, eflags, 1, 4096, 1 << 25,
+def header(nconns, version=1, exe=b"/usr/sbin/blkd"):
+    return struct.pack("=IIQQI", version, nconns, 0, 0, len(exe)) + exe
+
+
+def record(fd, peer=b"p", name=b"", size=8 * MiB, eflags=1, cflags=0, bs=(1, 4096, 1 << 25)):
+    return (struct.pack("=iIQQIIIIII", fd, cflags, size, 1, eflags, bs[0], bs[1], bs[2],
                         len(peer), len(name)) + peer + name)
 
 
-def fd32(fd):
-    return struct.pack("=i", fd)
-
-
+# (name, blob from the listener L and the connection C, what the log says,
+#  whether the listener is kept)
 cases = [
-    ("garbage", lambda L, C: b"\x00" * 7 + os.urandom(200), r"no valid magic"),
-    ("version", lambda L, C: b"BLKDRST\n" + struct.pack("=I", 99) + bytes(40),
-     r"state version 99, this binary reads 1"),
-    ("badfd", lambda L, C: header(1, 0) + fd32(0),
-     r"listener 0 \(fd 0\) is not a listening socket"),
-    ("counts", lambda L, C: header(1, 1 << 30) + fd32(L),
-     r"state out of bounds \(1 listeners, 1073741824 connections\)"),
-    ("truncated", lambda L, C: header(1, 1) + fd32(L) + record(C)[:20],
-     r"connection record 0 is malformed"),
-    ("listener-as-conn", lambda L, C: header(1, 1) + fd32(L) + record(L),
-     r"connection record 0 \(fd \d+\) is malformed"),
-    ("twice", lambda L, C: header(1, 2) + fd32(L) + record(C) + record(C),
-     r"fd \d+ is named twice"),
-    ("trailing", lambda L, C: header(1, 1) + fd32(L) + record(C) + b"x",
-     r"1 bytes after the last record"),
-    ("name-nul", lambda L, C: header(1, 1) + fd32(L) + record(C, name=b"a\0b"),
-     r"connection record 0 \(fd \d+\) is malformed"),
+    ("garbage", lambda L, C: b"\x00" * 7 + os.urandom(200), r"no valid magic", False),
+    ("badfd", lambda L, C: preamble(0) + header(0),
+     r"listener 0 \(fd 0\) is not a listening socket", False),
+    ("conn-as-listener", lambda L, C: preamble(C) + header(0),
+     r"listener 0 \(fd \d+\) is not a listening socket", False),
+    ("listeners", lambda L, C: b"BLKDRST\n" + struct.pack("=II", 1000, 0),
+     r"state out of bounds \(1000 listeners", False),
+    ("version", lambda L, C: preamble(L) + header(1, version=99) + record(C),
+     r"state version 99, this binary reads 1", True),
+    ("counts", lambda L, C: preamble(L) + header(1 << 30),
+     r"state out of bounds \(1073741824 connections", True),
+    ("path", lambda L, C: preamble(L) + header(1, exe=b"blkd") + record(C),
+     r"the binary's path in the state is not an absolute path", True),
+    ("truncated", lambda L, C: preamble(L) + header(1) + record(C)[:20],
+     r"connection record 0 is malformed", True),
+    ("listener-as-conn", lambda L, C: preamble(L) + header(1) + record(L),
+     r"connection record 0 \(fd \d+\) is malformed", True),
+    ("twice", lambda L, C: preamble(L) + header(2) + record(C) + record(C),
+     r"fd \d+ is named twice", True),
+    ("trailing", lambda L, C: preamble(L) + header(1) + record(C) + b"x",
+     r"1 bytes after the last record", True),
+    ("name-nul", lambda L, C: preamble(L) + header(1) + record(C, name=b"a\0b"),
+     r"connection record 0 \(fd \d+\) is malformed", True),
 ]
-for name, make_blob, said in cases:
+for name, make_blob, said, kept in cases:
     proc, log_path, ours, lsock = start_with_state(make_blob, name)
-    serves(proc, log_path, name)
+    port = serves(proc, log_path, name)
+    check_eq(port == lsock.getsockname()[1], kept,
+             "%s: the passed listener is served (or closed and bound afresh)" % name)
     check(peer_closed(ours, 5), "%s: the inherited connection was closed" % name)
     with open(log_path, "rb") as f:
         text = f.read().decode(errors="replace")
     check(re.search(said, text) is not None, "%s: the reason is logged" % name, said)
-    check("starting afresh" in text, "%s: the server says it starts afresh" % name)
+    if kept:
+        check("keeping the listening sockets only" in text,
+              "%s: the server says it keeps the listeners only" % name)
+    else:
+        check("starting afresh" in text, "%s: the server says it starts afresh" % name)
     proc.terminate()
     check_eq(proc.wait(10), 0, "%s: clean exit" % name)
     ours.close()
@@ -263,8 +279,8 @@ probe_srv.stop()
 
 def good(size):
     def make(L, C):
-        return header(1, 1) + fd32(L) + struct.pack(
-            "=iIQQIIIIII", C, 0, size, 9, probe.eflags, bmin, bpref, bmax, 4, 0) + b"peer"
+        return preamble(L) + header(1) + record(C, peer=b"peer", size=size,
+                                                eflags=probe.eflags, bs=(bmin, bpref, bmax))
     return make
 
 
@@ -284,6 +300,8 @@ for name, size, served in (("adopted", probe.size, True), ("changed", probe.size
         check_eq(raw.recv_reply(BS)[3], data, "adopted: the READ after it")
         check("live restart 0 done: serving again, 1 connection(s) handed over" in text,
               "adopted: logged")
+        check_eq(serves(proc, log_path, name), lsock.getsockname()[1],
+                 "adopted: the passed listener serves")
     else:
         check(peer_closed(ours, 10), "changed: the connection is closed")
         wait_for_text = time.time() + 10

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 # Live restart (SIGUSR2) with real clients: libnbd connections with
-# structured replies and base:allocation keep writing and reading through
-# several restarts without an error, over TCP and a Unix socket; the data
+# structured replies and base:allocation (and one with simple replies, as
+# the kernel's client uses) keep writing and reading through several
+# restarts without an error, over TCP and a Unix socket; the data
 # is on disk afterwards; the PID is the same; block status and a new
 # connection work after; a TLS session open across a restart is closed
 # cleanly; requests in flight in a slow filter when the signal comes
@@ -221,16 +222,22 @@ check(srv.proc.returncode == 0, "server stops cleanly after the restarts",
       "status %s" % srv.proc.returncode)
 
 # ---- a Unix socket ---------------------------------------------------------
-print("# Unix socket, two restarts under load")
+print("# Unix socket, two restarts under load; simple replies (as the kernel's client)")
 path = disk("unix.img")
 srv = restart_server(["file", "file=" + path], unix=True, opts=["--restart-timeout=5"])
 pid = srv.proc.pid
 h = connect(srv)
-w = run_through_restarts(srv, h, 2, "Unix")
+hs = nbd.NBD()
+hs.set_request_structured_replies(False)
+hs.connect_uri(srv.uri)
+check(not hs.get_structured_replies_negotiated(), "a client with simple replies")
+w = run_through_restarts(srv, hs, 2, "Unix, simple replies")
+check(not hs.get_structured_replies_negotiated(), "still simple replies")
 check_eq(srv.proc.pid, pid, "same PID")
 check(os.path.exists(srv.sock), "the socket file is still there")
 w.verify_file(path, "Unix")
-block_status_works(h, "Unix")
+block_status_works(h, "Unix (the idle structured connection)")
+hs.shutdown()
 h2 = connect(srv)
 b = sorted(w.expect)[-1]
 check_eq(h2.pread(BS, b * BS), w.expect[b], "a new Unix connection reads the data")

@@ -2,12 +2,15 @@
 # Live restart (SIGUSR2) in the ways blkd is deployed:
 # - socket activation (LISTEN_FDS, as blkd.socket + blkd.service): the new
 #   image serves the activated socket and binds none of its own;
+# - an upgrade (the binary replaced by rename): the new file runs, in the
+#   same process;
 # - a writeback cache: dirty blocks reach the file before the exec;
 # - forked into the background with a pidfile (no -f), on rawio: the pid
 #   in the file stays right, the daemon does not fork again;
 # a libnbd client writes and reads through each restart without an error.
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -58,6 +61,17 @@ def through_restarts(h, pid, log_path, rounds, what):
         wait_for(log_path, DONE, n, pid, "%s: restart %d" % (what, n))
     ok("%s: %d restarts, every block read back right, no client error" % (what, rounds))
     return expect
+
+
+def on_disk(path, expect, what):
+    """Every {block: data} of expect is in the file at path."""
+    with open(path, "rb") as f:
+        for b, data in expect.items():
+            f.seek(b * BS)
+            if f.read(BS) != data:
+                check_failed("%s: block %d differs in the file" % (what, b))
+                return
+    ok("%s is in the file" % what)
 
 
 def gone(pid, secs=10):
@@ -117,6 +131,28 @@ h.shutdown()
 proc.terminate()
 check_eq(proc.wait(10), 0, "exit status on SIGTERM")
 
+# ---- an upgrade: the file now at the path runs --------------------------------
+print("# upgrade: the binary replaced by rename, as a package manager does")
+path = disk("upgrade.img", 8 * MiB)
+srv = restart_server(["file", "file=" + path], unix=True)
+h = nbd.NBD()
+h.connect_uri(srv.uri)
+real = EXE + ".real"
+shutil.copy2(EXE, real)
+marker = os.path.join(TMP, "upgraded")
+new = EXE + ".new"
+with open(new, "w") as f:            # the "new version": marks that it ran
+    f.write('#!/bin/sh\necho "$$" > %s\nexec %s "$@"\n' % (marker, real))
+os.chmod(new, 0o755)
+os.rename(new, EXE)                  # the running image's file is unlinked
+expect = through_restarts(h, srv.proc.pid, srv.log_path, 1, "upgrade")
+check(os.path.exists(marker), "the file at the binary's path ran, not the old image")
+with open(marker) as f:
+    check_eq(int(f.read()), srv.proc.pid, "it ran in the same process")
+h.shutdown()
+srv.stop()
+os.rename(real, EXE)
+
 # ---- writeback cache ---------------------------------------------------------
 print("# --cache-mode=writeback: dirty blocks reach the file before the exec")
 path = disk("cached.img", 8 * MiB)
@@ -125,14 +161,8 @@ srv = restart_server(["file", "file=" + path],
 h = nbd.NBD()
 h.connect_uri(srv.uri)
 expect = through_restarts(h, srv.proc.pid, srv.log_path, 2, "writeback cache")
-with open(path, "rb") as f:          # no flush: the restarts wrote them back
-    for b, data in expect.items():
-        f.seek(b * BS)
-        if f.read(BS) != data:
-            check_failed("writeback: block %d not in the file after the restarts" % b)
-            break
-    else:
-        ok("writeback: every block written before a restart is in the file")
+# No flush: the restarts wrote the dirty blocks back.
+on_disk(path, expect, "writeback: every block written before a restart")
 h.shutdown()
 srv.stop()
 
@@ -161,14 +191,7 @@ with open(pidfile) as f:
 check_eq(len(re.findall(r"live restart \d+: exec", text(log_path))), 2,
          "two execs, no fork: the same PID serves")
 h.flush()
-with open(path, "rb") as f:
-    for b, data in expect.items():
-        f.seek(b * BS)
-        if f.read(BS) != data:
-            check_failed("daemon: block %d on disk differs" % b)
-            break
-    else:
-        ok("daemon: every block on disk")
+on_disk(path, expect, "daemon: every block")
 h.shutdown()
 os.kill(pid, signal.SIGTERM)
 check(gone(pid), "the daemon exits on SIGTERM")
