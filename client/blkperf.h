@@ -257,7 +257,7 @@ struct bp_result {
   bool failed;                       /* a connection died or could not start */
   bool wire;                         /* the request loop was wire.c's */
   struct bp_tsample *ts;             /* per-second throughput, all iterations */
-  unsigned nts, tscap;
+  size_t nts, tscap;
 };
 
 extern volatile sig_atomic_t bp_interrupted;

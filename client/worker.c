@@ -13,6 +13,7 @@
 #include <libnbd.h>
 
 #include "blkperf.h"
+#include "vector.h"
 
 volatile sig_atomic_t bp_interrupted;
 
@@ -734,14 +735,10 @@ static void
 bp_record_second (struct bp_result *r, unsigned iter_no, unsigned sec, double mibs,
                   double iops)
 {
-  if (r->nts == r->tscap) {
-    unsigned cap = r->tscap ? 2 * r->tscap : 64;
-    struct bp_tsample *p = realloc (r->ts, cap * sizeof *p);
-    if (!p)
-      return;                    /* the chart loses a point; the run goes on */
-    r->ts = p;
-    r->tscap = cap;
-  }
+  struct bp_tsample *p = vec_grow (r->ts, &r->tscap, r->nts + 1, sizeof *p, 64);
+  if (!p)
+    return;                      /* the chart loses a point; the run goes on */
+  r->ts = p;
   r->ts[r->nts++] = (struct bp_tsample) { iter_no, sec, mibs, iops };
 }
 
