@@ -4,7 +4,7 @@
 struct blkd_config cfg = {
   .max_request = 32 * 1024 * 1024,
   .max_inflight = 512,
-  .poll_us = 50,                  /* docs/BENCHMARKS.md, "QD1: what was tried" */
+  .poll_us = 50,                  /* docs/BENCHMARKS.md, "Switches" */
   .workers = 16,
   .iobuf = IOBUF_POOL,
   .queue = QUEUE_SPLIT,

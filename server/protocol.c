@@ -496,8 +496,8 @@ protocol_release (struct request *r)
 }
 
 /* Asking for extents costs a plugin call: on tmpfs, SEEK_HOLE walks
- * every page up to the next hole, which made 256k reads of a full 1 GiB
- * file 40x slower.  "auto" asks only in-memory plugins. */
+ * every page up to the next hole, which made large reads of a full file
+ * many times slower (docs/lab/).  "auto" asks only in-memory plugins. */
 static bool
 read_wants_extents (const struct request *r)
 {

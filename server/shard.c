@@ -422,8 +422,7 @@ shard_main (void *arg)
    * more than one connection sends requests (reads came from another
    * connection than the last within MULTI_QUIET windows): their requests
    * keep the shard busy anyway, and the spinning took the CPU their
-   * clients needed (4 connections x QD16 on 2 CPUs: 1.61-1.65x nbdkit's
-   * rate with polling, 1.83-2.00x without). */
+   * clients needed (measured with 4 connections on 2 CPUs: docs/lab/). */
   enum { MULTI_QUIET = 16 };
   uint64_t window = (uint64_t) cfg.poll_us * 1000, last_read = 0, seen = s->reads;
   uint64_t changes_seen = s->reader_changes, last_change = 0;

@@ -507,7 +507,7 @@ ctx_build (size_t *npsks)
   }
   SSL_CTX_set_dh_auto (c, 1);
   /* TLS 1.3: AES-128-GCM first (as Mozilla's server configurations and
-   * Go do; AES-256-GCM costs ~30% more per byte, on both ends), AES-GCM
+   * Go do; AES-256-GCM costs more per byte, on both ends), AES-GCM
    * ahead of ChaCha20 (AES-NI).  It also has to be a SHA-256 suite first
    * for PSK: OpenSSL picks the suite before it looks at the client's PSK
    * and drops a PSK whose hash differs; GnuTLS binds external PSKs to
