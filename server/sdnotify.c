@@ -90,7 +90,11 @@ sdnotify_send (const char *msg, const int *fds, int nfds)
   do
     n = sendmsg (notify_fd, &mh, MSG_NOSIGNAL);
   while (n == -1 && errno == EINTR);
-  return n == (ssize_t) iov.iov_len ? 0 : -1;
+  if (n == (ssize_t) iov.iov_len)
+    return 0;
+  if (n >= 0)
+    errno = EMSGSIZE;             /* a datagram goes whole or not at all */
+  return -1;
 }
 
 /* BARRIER=1 with the write end of a pipe: the manager closes its copy
