@@ -54,7 +54,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The shared method; names re-exported for the scripts that import them
 # from here (per-request.py, layers.sh, zerocopy.py).
 from benchlib import (CLIENT_PIN, NCPU, SERVER_CPU, bound, busy_pct,  # noqa: E402,F401
-                      count_agrees, free_port, machine_cpu, pin, proc_cpu, ratio_cell,
+                      bound_shared, count_agrees, free_port, machine_cpu, pin, place_rates,
+                      proc_cpu,
+                      ratio_cell,
                       run_blkperf, run_fio, scrape_requests, tree_cpu, wait_port, wait_quiet)
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,6 +66,7 @@ DISK = "1G"
 MAX_BUSY = 10.0          # percent of the machine others may use before a cell
 EXTRA_BLKD = []          # (name, path): other blkd builds to run beside ./blkd
 FIO_PINNED = False       # --fio-pinned: fio pinned apart too (a diagnosis)
+FIO_SAME_CPU = False     # --fio-same-cpu: fio and the server on one CPU (a diagnosis)
 SERVER_FILTER = []       # --servers: substrings of the server names to run
 
 
@@ -121,8 +124,9 @@ def measure(server, wl, seconds, client):
     (unless --fio-pinned), blkperf pinned apart."""
     busy, quiet = wait_quiet(MAX_BUSY)
     load1 = os.getloadavg()[0]
-    pinned = (client == "blkperf" or FIO_PINNED) and NCPU > 1
-    wrap = CLIENT_PIN if pinned else []
+    same = client == "fio" and FIO_SAME_CPU and NCPU > 1
+    pinned = (client == "blkperf" or FIO_PINNED or same) and NCPU > 1
+    wrap = ["taskset", "-c", SERVER_CPU] if same else CLIENT_PIN if pinned else []
     if pinned:
         pin(server.pid, SERVER_CPU)
     n0 = scrape_requests(server.metrics) if server.metrics else None
@@ -143,7 +147,8 @@ def measure(server, wl, seconds, client):
         if pinned:
             pin(server.pid, "0-%d" % (NCPU - 1))
     n1 = scrape_requests(server.metrics) if server.metrics else None
-    r.update(client=client, pinned=pinned, busy_before_pct=busy, quiet=quiet, load1=load1)
+    r.update(client=client, pinned=pinned, same_cpu_pinned=same, busy_before_pct=busy,
+             quiet=quiet, load1=load1)
     cpu = (u1 - u0) + (s1 - s0)
     mib = r["bytes"] / 1048576.0
     r["srv_user_s"], r["srv_sys_s"] = u1 - u0, s1 - s0
@@ -155,8 +160,10 @@ def measure(server, wl, seconds, client):
     # What the server could use: its CPU pinned, else what the client left.
     r["srv_cap"] = 1.0 if pinned else max(1.0, NCPU - (r["client_share"] or 0))
     srv_share = r["srv_share_mid"] if r["srv_share_mid"] is not None else r["srv_share"]
-    r["bound"] = bound(r["client_share"], r["client_cap"], srv_share, r["srv_cap"],
-                       r["srv_thread_max"])
+    r["bound"] = (bound_shared(r["client_share"], srv_share) if same else
+                  bound(r["client_share"], r["client_cap"], srv_share, r["srv_cap"],
+                        r["srv_thread_max"]))
+    r.update(place_rates(r))
     r["srv_requests"] = None if n0 is None else n1 - n0
     r["count_ok"] = count_agrees(r["requests"], r["srv_requests"],
                                  wl["iodepth"] * wl["numjobs"])
@@ -311,12 +318,12 @@ def run_part(title, servers_fn, workloads, rounds, seconds, clients, fill=True):
                         results[c][wl][s.name].append(r)
                         print("%-8s round %d %-7s %-28s %-22s %9.0f IOPS %8.1f MiB/s  "
                               "srv %6.1f us/req share %s thread %s  client %s  %-6s count %s  "
-                              "load %.2f busy %.0f%%%s" % (
+                              "same-cpu %s load %.2f busy %.0f%%%s" % (
                                   title, rnd + 1, c, wl, s.name, r["iops"], r["mib_s"],
                                   r["srv_us_req"] or 0, fmt(r["srv_share_mid"]),
                                   fmt(r["srv_thread_max"]), fmt(r["client_share"]), r["bound"],
                                   {None: "n/a", True: "ok", False: "DISAGREE"}[r["count_ok"]],
-                                  r["load1"], r["busy_before_pct"],
+                                  fmt(r["same_cpu"]), r["load1"], r["busy_before_pct"],
                                   "" if r["quiet"] else " NOT QUIET"),
                               file=sys.stderr, flush=True)
         return results
@@ -355,8 +362,14 @@ def summarise(rs):
         "quiet": all(r.get("quiet", True) for r in rs),
         "pinned": all(r.get("pinned") for r in rs),
     }
-    m["bound"] = bound(m["client_share"], med([r["client_cap"] for r in rs]), m["srv_share"],
-                       med([r["srv_cap"] for r in rs]), m["srv_thread_max"])
+    m["bound"] = (bound_shared(m["client_share"], m["srv_share"])
+                  if all(r.get("same_cpu_pinned") for r in rs) else
+                  bound(m["client_share"], med([r["client_cap"] for r in rs]), m["srv_share"],
+                        med([r["srv_cap"] for r in rs]), m["srv_thread_max"]))
+    m["same_cpu"] = med([r.get("same_cpu") for r in rs])
+    for k in ("srv_cs_req", "client_cs_req", "srv_invol_req", "client_invol_req",
+              "srv_migr_s", "client_migr_s"):
+        m[k] = med([r.get(k) for r in rs])
     checks = [r["count_ok"] for r in rs if r["count_ok"] is not None]
     m["count"] = "n/a" if not checks else ("ok" if all(checks) else
                                            "DISAGREE in %d of %d" % (checks.count(False),
@@ -374,15 +387,32 @@ def per_round_ratio(rs, base, key):
     return (statistics.median(xs), (min(xs), max(xs))) if xs else (None, None)
 
 
+def place_cell(m):
+    """Where the busiest client and server threads ran (share of samples
+    on one CPU) and their context switches per request (involuntary ones
+    in brackets): what tells one placement from another when a ratio
+    swings between runs."""
+    if m.get("same_cpu") is None:
+        return "–"
+    cs = ""
+    if m.get("srv_cs_req") is not None:
+        cs = "; cs/req srv %.2f (%.2f), client %.2f (%.2f)" % (
+            m["srv_cs_req"], m["srv_invol_req"], m["client_cs_req"], m["client_invol_req"])
+    migr = ""
+    if m.get("srv_migr_s") is not None and m.get("client_migr_s") is not None:
+        migr = "; migr/s %.0f, %.0f" % (m["srv_migr_s"], m["client_migr_s"])
+    return "same CPU %.0f%%%s%s" % (100 * m["same_cpu"], cs, migr)
+
+
 TABLE_HEAD = ("| workload | server | rate (median) | spread | × {base} rate | server CPU µs/req "
               "| × {base} CPU/req | client CPU µs/req | client share | server share (busiest "
-              "thread) | bound | count check | p99 µs | load1 |")
+              "thread) | bound | placement | count check | p99 µs | load1 |")
 
 
 def table(results, baseline, client):
     """One row per workload and server for one client.  "*" marks a row
     with a cell that began while the machine was not quiet."""
-    lines = [TABLE_HEAD.format(base=baseline), "|" + "---|" * 14]
+    lines = [TABLE_HEAD.format(base=baseline), "|" + "---|" * 15]
     for wl, by_server in results.items():
         base = by_server.get(baseline) or []
         bsum = summarise(base) if base else None
@@ -394,7 +424,7 @@ def table(results, baseline, client):
             rate_r, rate_sp = per_round_ratio(rs, base, key)
             cpu_r, cpu_sp = per_round_ratio(rs, base, "srv_us_req")
             lines.append("| %s%s | %s | %.0f %s | %.0f–%.0f | %s | %s | %s | %s | %s | %s (%s) "
-                         "| %s | %s | %s | %.2f–%.2f |" % (
+                         "| %s | %s | %s | %s | %.2f–%.2f |" % (
                              wl, "" if m["quiet"] else " *", name, m["rate"], m["unit"],
                              m["lo"], m["hi"],
                              ratio_cell(rate_r, None if name == baseline else rate_sp,
@@ -405,7 +435,7 @@ def table(results, baseline, client):
                              "%.2f (%.2f–%.2f)" % ((cpu_r,) + cpu_sp) if cpu_r else "–",
                              fmt(m["client_us_req"], "%.1f"), fmt(m["client_share"]),
                              fmt(m["srv_share"]), fmt(m["srv_thread_max"]), m["bound"],
-                             m["count"], fmt(m["p99_us"], "%.0f"), m["load_lo"], m["load_hi"]))
+                             place_cell(m), m["count"], fmt(m["p99_us"], "%.0f"), m["load_lo"], m["load_hi"]))
     return "\n".join(lines)
 
 
@@ -416,7 +446,12 @@ against {base} under the same client, with their range.  Shares are CPU
 seconds per second (one thread full: 1.00), the server's sampled in the
 middle of the run.  bound: which side was the limit (server: its busiest
 thread or the process near full; client: the client near full while the
-server had headroom; both: unpinned, the machine full; -: neither).
+server had headroom; both: unpinned, the machine full, or pinned to one
+CPU together and that CPU full; -: neither).  placement: the share of
+samples (every 50 ms, mid-run) in which the busiest client thread and the
+busiest server thread last ran on the same CPU, and each one's context
+switches per request, involuntary (preempted) in brackets, and its
+migrations between CPUs per second where the kernel reports them.
 Where a cell or its baseline is client-bound the × column says so: the
 rate is the client's, and the ratio given is only a bound.  count check:
 blkd's own request count (its /metrics, scraped around the run) against
@@ -424,6 +459,8 @@ the client's; "DISAGREE" makes the row invalid."""
 
 
 def client_title(client):
+    if client == "fio" and FIO_SAME_CPU and NCPU > 1:
+        return "fio, pinned with the server (both on CPU %s)" % SERVER_CPU
     if client == "blkperf" or FIO_PINNED:
         return ("%s, pinned apart (server on CPU %s, client on CPU 0)" % (client, SERVER_CPU)
                 if NCPU > 1 else "%s (one CPU: not pinned)" % client)
@@ -457,16 +494,17 @@ def runs_table(runs, baseline):
     """Across runs: each run's median rate ratio against the baseline (as
     the × column shows it, client-bound or not), and how many runs were
     client-bound."""
-    lines = ["| client | workload | server | × %s rate, per run (%s) | min | median | "
-             "runs client-bound |" % (baseline, ", ".join(w for w, _ in runs)),
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| client | workload | server | × %s rate, per run (%s) | min | median | max | "
+             "runs client-bound | same CPU per run (server, %s) |" % (
+                 baseline, ", ".join(w for w, _ in runs), baseline),
+             "|---|---|---|---|---|---|---|---|---|"]
     first = runs[0][1]
     for client, by_wl in first.items():
         for wl, by_server in by_wl.items():
             for name in by_server:
                 if name == baseline:
                     continue
-                cells, ratios, cb = [], [], 0
+                cells, ratios, cb, places = [], [], 0, []
                 for _, res in runs:
                     rs = res.get(client, {}).get(wl, {}).get(name) or []
                     base = res.get(client, {}).get(wl, {}).get(baseline) or []
@@ -474,6 +512,8 @@ def runs_table(runs, baseline):
                         cells.append("–")
                         continue
                     m, bm = summarise(rs), summarise(base)
+                    places.append("/".join("–" if x is None else "%.2f" % x
+                                           for x in (m["same_cpu"], bm["same_cpu"])))
                     key = "mib_s" if m["unit"] == "MiB/s" else "iops"
                     r, _ = per_round_ratio(rs, base, key)
                     if r is None:
@@ -485,10 +525,12 @@ def runs_table(runs, baseline):
                     invalid = not (m["valid"] and bm["valid"])
                     cells.append("%.2f%s" % (r, " invalid" if invalid else
                                              " (client-bound)" if client_bound else ""))
-                lines.append("| %s | %s | %s | %s | %s | %s | %d of %d |" % (
+                lines.append("| %s | %s | %s | %s | %s | %s | %s | %d of %d | %s |" % (
                     client, wl, name, ", ".join(cells),
                     "%.2f" % min(ratios) if ratios else "–",
-                    "%.2f" % statistics.median(ratios) if ratios else "–", cb, len(runs)))
+                    "%.2f" % statistics.median(ratios) if ratios else "–",
+                    "%.2f" % max(ratios) if ratios else "–", cb, len(runs),
+                    ", ".join(places) or "–"))
     return "\n".join(lines)
 
 
@@ -538,7 +580,7 @@ def versions():
 
 
 def main():
-    global MAX_BUSY, DISK, FIO_PINNED, SERVER_FILTER
+    global MAX_BUSY, DISK, FIO_PINNED, FIO_SAME_CPU, SERVER_FILTER
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)
@@ -556,6 +598,8 @@ def main():
                     help="wait this long between runs (e.g. 12 for five runs over an hour)")
     ap.add_argument("--fio-pinned", action="store_true",
                     help="pin fio apart from the server too (to tell placement from the server)")
+    ap.add_argument("--fio-same-cpu", action="store_true",
+                    help="pin fio and the server to one CPU together (the other placement)")
     ap.add_argument("--blkd", action="append", default=[], metavar="NAME=PATH",
                     help="another blkd build to run beside ./blkd (targets part)")
     ap.add_argument("--max-busy", type=float, default=MAX_BUSY,
@@ -563,7 +607,9 @@ def main():
     ap.add_argument("--out", default=None, help="write the markdown tables here")
     ap.add_argument("--json", default=None, help="write raw results here")
     a = ap.parse_args()
-    MAX_BUSY, DISK, FIO_PINNED = a.max_busy, a.size, a.fio_pinned
+    MAX_BUSY, DISK, FIO_PINNED, FIO_SAME_CPU = a.max_busy, a.size, a.fio_pinned, a.fio_same_cpu
+    if FIO_PINNED and FIO_SAME_CPU:
+        ap.error("--fio-pinned and --fio-same-cpu are two placements: choose one")
     SERVER_FILTER = a.servers.split(",") if a.servers else []
     clients = [c for c in a.clients.split(",") if c]
     if not clients or any(c not in ("fio", "blkperf") for c in clients):

@@ -162,28 +162,136 @@ SERVER_CPU = str(NCPU - 1)           # pinned apart: the server here...
 CLIENT_PIN = ["taskset", "-c", "0"]  # ...and the client here
 
 
+def thread_places(pid, counts=False):
+    """{(pid, tid): (CPU it last ran on, voluntary, involuntary context
+    switches, migrations)} for every thread of pid and its live
+    descendants.  Only the CPU unless counts (the rest None): the cheap
+    sample taken often.  Migrations come from /proc/.../sched, which
+    kernels without CONFIG_SCHED_DEBUG lack (None)."""
+    out = {}
+    for p in tree_pids(pid):
+        try:
+            tids = os.listdir("/proc/%d/task" % p)
+        except OSError:
+            continue
+        for t in tids:
+            d = "/proc/%d/task/%s/" % (p, t)
+            vol = invol = migr = None
+            try:
+                cpu = int(_stat_fields(d + "stat")[36])
+                if counts:
+                    with open(d + "status") as f:
+                        for line in f:
+                            if line.startswith("voluntary_ctxt_switches:"):
+                                vol = int(line.split(":")[1])
+                            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                                invol = int(line.split(":")[1])
+                    try:
+                        with open(d + "sched") as f:
+                            for line in f:
+                                if line.startswith("se.nr_migrations"):
+                                    migr = int(line.split(":")[1])
+                    except OSError:
+                        pass
+            except (OSError, IndexError, ValueError):
+                continue
+            out[(p, int(t))] = (cpu, vol, invol, migr)
+    return out
+
+
+def placement(places, srv_a, srv_b, cli_a, cli_b):
+    """Where the busiest server thread and the busiest client thread ran,
+    and what scheduling cost them, from periodic thread_places() samples
+    [(server's, client's)] and each side's thread_ticks() before and after.
+    Returns {"same_cpu": share of samples with both last on one CPU,
+    "srv_cs", "client_cs": context switches (voluntary + involuntary) of
+    that thread over the samples' span, "srv_invol", "client_invol": the
+    involuntary ones (preempted while runnable), "srv_migr",
+    "client_migr": its moves between CPUs}; None where unknown.  Callers
+    divide the counts by the requests of the span."""
+    out = dict.fromkeys(("same_cpu", "srv_cs", "client_cs", "srv_invol", "client_invol",
+                         "srv_migr", "client_migr", "span_s"))
+
+    def busiest(a, b):
+        ks = [k for k in b if k[1] != 0 and k in a]
+        return max(ks, key=lambda k: b[k] - a[k]) if ks else None
+    ks, kc = busiest(srv_a or {}, srv_b or {}), busiest(cli_a or {}, cli_b or {})
+    both = [(t, s[ks], c[kc]) for t, s, c in places if ks in s and kc in c]
+    if ks is None or kc is None or len(both) < 2:
+        return out
+    out["same_cpu"] = sum(s[0] == c[0] for _, s, c in both) / len(both)
+    (t0, s0, c0), (t1, s1, c1) = both[0], both[-1]
+    out["span_s"] = t1 - t0
+
+    def diff(i):
+        return (None if None in (s0[i], s1[i]) else s1[i] - s0[i],
+                None if None in (c0[i], c1[i]) else c1[i] - c0[i])
+    (sv, cv), (si, ci) = diff(1), diff(2)
+    if None not in (sv, si, cv, ci):
+        out["srv_cs"], out["client_cs"] = sv + si, cv + ci
+        out["srv_invol"], out["client_invol"] = si, ci
+    out["srv_migr"], out["client_migr"] = diff(3)
+    return out
+
+
+def place_rates(r):
+    """A run's placement() counts as rates: its same-CPU share, context
+    switches and involuntary ones per request, migrations per second
+    (keys same_cpu, srv_cs_req, client_cs_req, srv_invol_req,
+    client_invol_req, srv_migr_s, client_migr_s; None where unknown).
+    The requests of the sampled span are estimated from the run's rate."""
+    pl = r.get("place") or {}
+    span = pl.get("span_s")
+    n = r["iops"] * span if span and r.get("iops") else None
+    out = {"same_cpu": pl.get("same_cpu")}
+    for side in ("srv", "client"):
+        for key, per in (("cs", n), ("invol", n), ("migr", span)):
+            v = pl.get("%s_%s" % (side, key))
+            out["%s_%s_%s" % (side, key, "s" if key == "migr" else "req")] = \
+                v / per if v is not None and per else None
+    return out
+
+
+PLACE_EVERY = 0.05      # seconds between placement samples
+
+
 def run_sampled(argv, seconds, sample_pid=None, timeout=None):
     """Run a client; while it runs, sample sample_pid's threads at about a
-    quarter and two thirds of its window.  Returns (stdout, shares) where
-    shares is (process share, busiest thread share) or (None, None)."""
+    quarter and two thirds of its window, and in between, every
+    PLACE_EVERY seconds, which CPU the server's and the client's threads
+    last ran on (placement()).  Returns (stdout, shares, place) where
+    shares is (process share, busiest thread share) or (None, None) and
+    place is placement()'s dict."""
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          cwd=tempfile.gettempdir())
     shares = (None, None)
+    place = placement([], None, None, None, None)
     if sample_pid is not None:
         start = time.monotonic()
         # Start-up (connect, fio's fork) is well under this allowance.
         first = start + min(0.3, seconds / 4) + seconds * 0.25
         second = start + min(0.3, seconds / 4) + seconds * 0.65
+        while p.poll() is None and time.monotonic() < first:
+            time.sleep(min(0.05, max(0.0, first - time.monotonic())))
         a = b = None
-        for when in (first, second):
-            while p.poll() is None and time.monotonic() < when:
-                time.sleep(min(0.05, max(0.0, when - time.monotonic())))
-            if p.poll() is not None:
-                break
-            s = (time.monotonic(), thread_ticks(sample_pid))
-            a, b = (s, None) if a is None else (a, s)
+        places = []
+        if p.poll() is None:
+            a = (time.monotonic(), thread_ticks(sample_pid), thread_ticks(p.pid))
+            while p.poll() is None:
+                # The first and the last sample (at the second share sample)
+                # also read the counts.
+                last = time.monotonic() >= second
+                counts = last or not places
+                places.append((time.monotonic(), thread_places(sample_pid, counts),
+                               thread_places(p.pid, counts)))
+                if last:
+                    break
+                time.sleep(min(PLACE_EVERY, max(0.0, second - time.monotonic())))
+            if p.poll() is None:
+                b = (time.monotonic(), thread_ticks(sample_pid), thread_ticks(p.pid))
         if a and b:
             shares = sample_shares(a[1], b[1], b[0] - a[0])
+            place = placement(places, a[1], b[1], a[2], b[2])
     try:
         out, err = p.communicate(timeout=timeout or seconds * 4 + 60)
     except subprocess.TimeoutExpired:
@@ -192,7 +300,7 @@ def run_sampled(argv, seconds, sample_pid=None, timeout=None):
         raise RuntimeError("client did not finish: %s" % " ".join(argv))
     if p.returncode != 0:
         raise RuntimeError("client failed (%d): %s\n%s" % (p.returncode, " ".join(argv), err))
-    return out, shares
+    return out, shares, place
 
 
 def fio_argv(uri, rw, bs, iodepth, numjobs, seconds, size, extra=()):
@@ -227,10 +335,12 @@ def parse_fio(out):
 
 def run_fio(uri, rw, bs, iodepth, numjobs, seconds, size, extra=(), wrap=(), sample_pid=None):
     """fio's nbd engine; wrap prefixes the command (taskset, perf stat)."""
-    out, shares = run_sampled(list(wrap) + fio_argv(uri, rw, bs, iodepth, numjobs, seconds,
-                                                    size, extra), seconds, sample_pid)
+    out, shares, place = run_sampled(list(wrap) + fio_argv(uri, rw, bs, iodepth, numjobs,
+                                                           seconds, size, extra),
+                                     seconds, sample_pid)
     r = parse_fio(out)
     r["srv_share_mid"], r["srv_thread_max"] = shares
+    r["place"] = place
     return r
 
 
@@ -256,10 +366,12 @@ def parse_blkperf(out):
 
 def run_blkperf(blkperf, uri, test, bs, iodepth, conns, seconds, extra=(), wrap=(),
                 sample_pid=None):
-    out, shares = run_sampled(list(wrap) + blkperf_argv(blkperf, uri, test, bs, iodepth, conns,
-                                                        seconds, extra), seconds, sample_pid)
+    out, shares, place = run_sampled(list(wrap) + blkperf_argv(blkperf, uri, test, bs, iodepth,
+                                                               conns, seconds, extra),
+                                     seconds, sample_pid)
     r = parse_blkperf(out)
     r["srv_share_mid"], r["srv_thread_max"] = shares
+    r["place"] = place
     return r
 
 
@@ -301,6 +413,15 @@ def bound(client_share, client_cap, srv_share, srv_cap, srv_thread_max):
     if client_full:
         return "client"
     return "-"
+
+
+def bound_shared(client_share, srv_share):
+    """bound() for a client and a server pinned to one CPU together: the
+    CPU was the limit ("both") when their shares add up to a full one,
+    else neither ("-"): each waited on the other."""
+    if client_share is None or srv_share is None:
+        return "-"
+    return "both" if client_share + srv_share >= FULL else "-"
 
 
 def ratio_cell(ratio, spread, cell_bound, base_bound, valid=True):

@@ -66,10 +66,35 @@ res2 = {"4k": {"nbdkit": [cell(1, 1000, 0.99, 0.5)], "blkd": [cell(1, 1500, 0.99
 rows = {r.split(" | ")[2]: r for r in anchors.runs_table(
     [("10:00 UTC", {"blkperf": res}), ("11:00 UTC", {"blkperf": res2})],
     "nbdkit").splitlines()[2:]}
-for name, want in (("blkd", "| 2.09 (client-bound), 1.50 | 1.50 | 1.80 | 1 of 2 |"),
+for name, want in (("blkd", "| 2.09 (client-bound), 1.50 | 1.50 | 1.80 | 2.09 | 1 of 2 | "
+                             "–/–, –/– |"),
                    ("bad", "2.86 invalid, 3.00 invalid")):
     if want not in rows[name]:
         print("runs row %s lacks %r:\n%s" % (name, want, rows[name])); sys.exit(1)
+# Placement: where the busiest threads ran, from made-up samples.
+from benchlib import bound_shared, place_rates, placement
+eq(bound_shared(0.6, 0.35), "both", "one CPU shared and full")
+eq(bound_shared(0.3, 0.2), "-", "one CPU shared, both waiting")
+srv_a, srv_b = {(1, 0): 0, (1, 1): 0, (1, 2): 0}, {(1, 0): 90, (1, 1): 80, (1, 2): 10}
+cli_a, cli_b = {(2, 0): 0, (2, 3): 0}, {(2, 0): 50, (2, 3): 50}
+def smp(t, cpu_s, cpu_c, counts=None):
+    c = counts or (None, None, None, None)
+    return (t, {(1, 1): (cpu_s,) + c[:1] + c[1:2] + (c[2],), (1, 2): (1, 0, 0, 0)},
+            {(2, 3): (cpu_c,) + c[:1] + c[1:2] + (c[3],)})
+places = [smp(0.0, 0, 0, (10, 5, 1, 2)), smp(0.05, 0, 1), smp(0.1, 1, 1),
+          smp(0.2, 1, 1, (110, 25, 4, 6))]
+pl = placement(places, srv_a, srv_b, cli_a, cli_b)
+eq(pl["same_cpu"], 0.75, "3 of 4 samples on one CPU")
+eq((pl["srv_cs"], pl["srv_invol"], pl["client_cs"], pl["client_invol"]), (120, 20, 120, 20),
+   "switches of the busiest threads")
+eq((pl["srv_migr"], pl["client_migr"]), (3, 4), "migrations")
+rates = place_rates({"iops": 1000, "place": pl})
+eq((round(rates["srv_cs_req"], 3), round(rates["srv_migr_s"], 3)), (0.6, 15.0), "per request")
+eq(placement(places[:1], srv_a, srv_b, cli_a, cli_b)["same_cpu"], None, "one sample: unknown")
+row = anchors.table({"4k": {"nbdkit": [dict(cell(1, 1000, 0.99, 0.5), **rates)]}}, "nbdkit",
+                    "fio")
+if "same CPU 75%; cs/req srv 0.60 (0.10), client 0.60 (0.10); migr/s 15, 20" not in row:
+    print("placement column wrong:\n" + row); sys.exit(1)
 print("ok: reporting logic")
 EOF
 
@@ -99,6 +124,9 @@ for client, run in (("fio", 0), ("blkperf", 0), ("fio", 1), ("blkperf", 1)):
         assert r["requests"] > 0 and r["srv_us_req"] > 0, (client, server, r)
         assert r["bound"] in ("server", "client", "both", "-"), r["bound"]
         assert r["pinned"] == (client == "blkperf" and ncpu > 1), (client, r["pinned"])
+        # Placement sampled mid-run (1 s runs: a few samples at least).
+        assert r["same_cpu"] is not None and 0 <= r["same_cpu"] <= 1, (client, server, r["place"])
+        assert r["srv_cs_req"] is not None and r["client_cs_req"] is not None, r["place"]
     b = cells["blkd ram"][0]
     # blkd's own count, scraped around the run, against the client's.
     assert b["srv_requests"] is not None and b["count_ok"] is True, (client, b["requests"],
