@@ -1,10 +1,14 @@
 /* Shards: one thread and one libevent base per core; connections are handed
  * over by the acceptor and stay on their shard for life. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -397,6 +401,62 @@ shard_on_notify (evutil_socket_t fd, short what, void *arg)
     shard_begin_drain (s);
 }
 
+/* Is the peer on this machine?  Over loopback, or to an address of ours,
+ * its packets are processed on the CPU that sent them. */
+static bool
+shard_peer_local (int fd)
+{
+  struct sockaddr_storage me, peer;
+  socklen_t lm = sizeof me, lp = sizeof peer;
+  if (getsockname (fd, (struct sockaddr *) &me, &lm) < 0
+      || getpeername (fd, (struct sockaddr *) &peer, &lp) < 0 || me.ss_family != peer.ss_family)
+    return false;
+  if (peer.ss_family == AF_INET) {
+    struct in_addr m = ((struct sockaddr_in *) &me)->sin_addr;
+    struct in_addr p = ((struct sockaddr_in *) &peer)->sin_addr;
+    return (ntohl (p.s_addr) >> 24) == 127 || m.s_addr == p.s_addr;
+  }
+  if (peer.ss_family == AF_INET6) {
+    const struct in6_addr *m = &((struct sockaddr_in6 *) &me)->sin6_addr;
+    const struct in6_addr *p = &((struct sockaddr_in6 *) &peer)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK (p) || IN6_ARE_ADDR_EQUAL (m, p)
+      || (IN6_IS_ADDR_V4MAPPED (p) && p->s6_addr[12] == 127);
+  }
+  return false;                     /* Unix: no SO_INCOMING_CPU */
+}
+
+/* Does the client that read last run on the CPU this thread runs on?  For
+ * a local TCP peer, SO_INCOMING_CPU (the CPU that processed the
+ * connection's latest packet) is the CPU the client sent it from.
+ * Spinning there only delays the client: it cannot send its next request
+ * until this thread gives the CPU up, and it pays for the wait (measured:
+ * docs/BENCHMARKS.md, "what the switches buy").  A remote peer's packets
+ * are processed where the NIC's interrupt lands, which says nothing of
+ * where the client runs: false, as for Unix sockets.  *place caches
+ * whether the connection (by id) is local. */
+struct shard_place {
+  uint64_t conn_id;
+  bool local;
+};
+
+static bool
+shard_peer_on_my_cpu (struct shard *s, struct shard_place *place)
+{
+  const struct conn *c = s->last_reader;
+  int cpu = -1;
+  socklen_t len = sizeof cpu;
+  if (!c || c->fd < 0)
+    return false;
+  if (place->conn_id != c->id) {
+    place->conn_id = c->id;
+    place->local = shard_peer_local (c->fd);
+  }
+  if (!place->local || getsockopt (c->fd, SOL_SOCKET, SO_INCOMING_CPU, &cpu, &len) < 0
+      || cpu < 0)
+    return false;
+  return cpu == sched_getcpu ();
+}
+
 static void *
 shard_main (void *arg)
 {
@@ -423,12 +483,14 @@ shard_main (void *arg)
    * connection than the last within MULTI_QUIET windows): their requests
    * keep the shard busy anyway, and the spinning took the CPU their
    * clients needed (measured with 4 connections on 2 CPUs: docs/lab/). */
-  enum { MULTI_QUIET = 16 };
+  enum { MULTI_QUIET = 16, PLACE_CHECK = 20 };
   uint64_t window = (uint64_t) cfg.poll_us * 1000, last_read = 0, seen = s->reads;
-  uint64_t changes_seen = s->reader_changes, last_change = 0;
-  bool close_together = false;
+  uint64_t changes_seen = s->reader_changes, last_change = 0, last_where = 0;
+  bool close_together = false, peer_here = false;
+  struct shard_place place = { 0, false };
   for (;;) {
-    bool poll = close_together && !s->lowat_conns && now_ns () - last_read < window;
+    bool poll = close_together && !s->lowat_conns && !peer_here &&
+      now_ns () - last_read < window;
     event_base_loop (s->base, (poll ? EVLOOP_NONBLOCK : EVLOOP_ONCE) | EVLOOP_NO_EXIT_ON_EMPTY);
     if (event_base_got_break (s->base) || event_base_got_exit (s->base))
       break;
@@ -439,6 +501,13 @@ shard_main (void *arg)
         last_change = t;
       changes_seen = s->reader_changes;
       close_together = t - last_read < window && t - last_change >= MULTI_QUIET * window;
+      /* Where the client runs, looked up at most once per PLACE_CHECK
+       * windows (a getsockopt): the scheduler moves threads far less
+       * often than that. */
+      if (close_together && t - last_where >= PLACE_CHECK * window) {
+        peer_here = shard_peer_on_my_cpu (s, &place);
+        last_where = t;
+      }
       seen = s->reads;
       last_read = t;
     }

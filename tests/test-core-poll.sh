@@ -4,7 +4,8 @@
 # (its CPU time stands still), SIGTERM still stops it, and a shard with
 # two connections sending requests does not poll (one connection paced
 # the same way keeps it spinning: the control that shows the check can
-# fail).
+# fail), nor one whose local TCP client runs on the shard's own CPU (the
+# same client on another CPU is the control).
 . "$(dirname "$0")/lib.sh"
 need qemu-io
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import nbd' 2>/dev/null || skip "python3 nbd module missing"
@@ -75,5 +76,40 @@ two=$(paced 2) || fail "two paced connections"
 echo "  server CPU over 2 s: one connection $one ticks (polling), two connections $two ticks"
 [ "$one" -ge 40 ] || skip "one paced connection did not keep the shard polling ($one ticks): machine too busy to tell"
 [ $((two * 2)) -lt "$one" ] || fail "a shard with two busy connections kept polling ($two ticks against $one for one)"
+stop_server
+
+echo "# a local TCP client on the shard's own CPU: no polling"
+# The shard pinned to the last CPU; one paced client pinned to the same
+# CPU, then to another (the control: there the shard polls).  The shard
+# learns where the client runs from SO_INCOMING_CPU.
+[ "$(nproc)" -ge 2 ] || skip "one CPU: no other CPU for the control"
+need taskset
+last=$(($(nproc) - 1))
+start_server --shards 1 --poll-us 2000 ram size=16M
+taskset -a -p -c "$last" "$SERVER_PID" >/dev/null || fail "cannot pin blkd"
+paced_tcp() {   # $1: the client's CPU; prints server ticks over 2 s
+  taskset -c "$1" /usr/bin/python3 - "$PORT" "$SERVER_PID" <<'PY'
+import sys, time, nbd
+port, pid = sys.argv[1], int(sys.argv[2])
+h = nbd.NBD()
+h.connect_uri("nbd://127.0.0.1:%s" % port)
+def ticks():
+    with open("/proc/%d/stat" % pid) as f:
+        v = f.read().rsplit(")", 1)[1].split()
+    return int(v[11]) + int(v[12])
+t0 = ticks()
+end = time.time() + 2
+while time.time() < end:
+    h.pread(4096, 0)
+    time.sleep(0.0006)
+print(ticks() - t0)
+h.shutdown()
+PY
+}
+same=$(paced_tcp "$last") || fail "client on the shard's CPU"
+apart=$(paced_tcp 0) || fail "client on another CPU"
+echo "  server CPU over 2 s: client on its CPU $same ticks, on another CPU $apart ticks (polling)"
+[ "$apart" -ge 40 ] || skip "the client on another CPU did not keep the shard polling ($apart ticks): machine too busy to tell"
+[ $((same * 2)) -lt "$apart" ] || fail "the shard kept polling on its client's CPU ($same ticks against $apart apart)"
 stop_server
 echo ok
