@@ -25,7 +25,7 @@
 #define READS_PER_EVENT  16           /* fairness among a shard's clients */
 #define SEND_IOV_MAX     64
 /* Handshake replies a client has not read: past this, stop parsing its
- * options, or a client that never reads could grow obuf without bound. */
+ * options, or a client that never reads could grow c->out without bound. */
 #define OBUF_PAUSE       (64 * 1024)
 /* Replies queued past this are sent before the next request runs, while
  * their bytes are still in cache: a client with 64 x 256 KiB reads in
@@ -124,24 +124,6 @@ conn_start (struct conn *c)
 
 /* ---- output -------------------------------------------------------- */
 
-int
-conn_out_append (struct conn *c, const void *data, size_t len)
-{
-  if (c->olen + len > c->ocap) {
-    size_t ncap = c->ocap ? c->ocap : 1024;
-    while (ncap < c->olen + len)
-      ncap *= 2;
-    uint8_t *nb = realloc (c->obuf, ncap);
-    if (!nb)
-      return -1;
-    c->obuf = nb;
-    c->ocap = ncap;
-  }
-  memcpy (c->obuf + c->olen, data, len);
-  c->olen += len;
-  return 0;
-}
-
 static void
 request_free (struct conn *c, struct request *r)
 {
@@ -169,7 +151,7 @@ drop_output (struct conn *c)
   }
   c->sendq_tail = NULL;
   c->sendq_bytes = 0;
-  c->olen = c->ooff = 0;
+  c->out.len = c->out.off = 0;
 }
 
 /* The transport: the socket, or TLS records once STARTTLS switched (the
@@ -281,15 +263,15 @@ send_pending (struct conn *c)
     struct iovec iov[SEND_IOV_MAX];
     int n = 0, flags = 0;
     struct request *h = c->sendq_head;
-    if (c->ooff == c->olen && h && h->iov_sent == h->niov && h->send_len) {
+    if (c->out.off == c->out.len && h && h->iov_sent == h->niov && h->send_len) {
       enum send_result r = send_file_part (c, h);
       if (r != SEND_AGAIN)
         return r;
       continue;
     }
-    if (c->ooff < c->olen) {
-      iov[n].iov_base = c->obuf + c->ooff;
-      iov[n].iov_len = c->olen - c->ooff;
+    if (c->out.off < c->out.len) {
+      iov[n].iov_base = c->out.data + c->out.off;
+      iov[n].iov_len = c->out.len - c->out.off;
       n++;
     }
     /* Gather up to a reply whose data is a file: sendfile sends that, right
@@ -327,12 +309,12 @@ send_pending (struct conn *c)
     size_t left = sent;
     if (cfg.idle_timeout && sent > 0)
       c->t_active = now_ns ();      /* output moving: the client is alive */
-    if (c->ooff < c->olen) {
-      size_t k = c->olen - c->ooff < left ? c->olen - c->ooff : left;
-      c->ooff += k;
+    if (c->out.off < c->out.len) {
+      size_t k = c->out.len - c->out.off < left ? c->out.len - c->out.off : left;
+      c->out.off += k;
       left -= k;
-      if (c->ooff == c->olen)
-        c->ooff = c->olen = 0;
+      if (c->out.off == c->out.len)
+        c->out.off = c->out.len = 0;
     }
     c->sendq_bytes -= left;
     while (c->sendq_head && (left > 0 || c->sendq_head->iov_sent == c->sendq_head->niov)) {
@@ -365,7 +347,7 @@ resume_if_unblocked (struct conn *c)
 {
   if ((c->read_block & (CONN_READ_PAUSED | CONN_READ_BUFFERS | CONN_READ_SEND_FULL))
       == CONN_READ_PAUSED && !c->stalled_req
-      && c->inflight < cfg.max_inflight && c->olen - c->ooff <= OBUF_PAUSE)
+      && c->inflight < cfg.max_inflight && c->out.len - c->out.off <= OBUF_PAUSE)
     conn_resume_reading (c);
 }
 
@@ -488,7 +470,7 @@ process_input (struct conn *c)
     size_t avail = c->rlen - c->roff;
     if (handshake_consume (c) == -1)
       return -1;
-    if (c->olen - c->ooff > OBUF_PAUSE)
+    if (c->out.len - c->out.off > OBUF_PAUSE)
       return 0;                     /* conn_pump pauses until it drains */
     if (c->phase == before && c->rlen - c->roff == avail)
       return 0;                     /* needs more bytes */
@@ -672,7 +654,7 @@ conn_pump (struct conn *c, bool do_read)
       pause_reading (c);
       break;
     }
-    if (c->olen - c->ooff > OBUF_PAUSE) {
+    if (c->out.len - c->out.off > OBUF_PAUSE) {
       pause_reading (c);
       break;
     }
@@ -815,7 +797,7 @@ conn_handoff_ready (const struct conn *c)
   return c->handoff && c->fd >= 0 && !c->tls && c->phase == CONN_TRANSMISSION
          && !(c->read_block & CONN_READ_CLOSING) && c->inflight == 0 && !c->recv_req
          && !c->stalled_req && !c->discard_left && c->rlen == c->roff && !c->sendq_head
-         && c->olen == c->ooff;
+         && c->out.len == c->out.off;
 }
 
 /* Release requests that never reached the plugin. */
@@ -870,7 +852,7 @@ conn_maybe_free (struct conn *c)
   bool closing = c->fd < 0 || (c->read_block & CONN_READ_CLOSING);
   if (!closing)
     return false;
-  if (c->fd >= 0 && (c->sendq_head || c->olen > c->ooff || tls_unsent (c)))
+  if (c->fd >= 0 && (c->sendq_head || c->out.len > c->out.off || tls_unsent (c)))
     return false;                   /* still sending the last replies */
   if (c->fd >= 0) {
     drop_unstarted (c);
@@ -904,7 +886,7 @@ conn_maybe_free (struct conn *c)
   if (s->last_reader == c)
     s->last_reader = NULL;          /* a new conn may get this address */
   free (c->rbuf);
-  free (c->obuf);
+  free (c->out.data);
   free (c->export_name);
   if (log_current == &c->log)
     log_current = NULL;

@@ -259,7 +259,7 @@ void iobuf_put (struct iobuf_pool *p, struct iobuf *b);
 void *iobuf_desc_get (struct iobuf_pool *p);
 void iobuf_desc_put (struct iobuf_pool *p, void *desc);
 
-/* ---- requests (protocol.c) ------------------------------------------ */
+/* ---- requests (request.c; replies built by protocol.c) ----------------- */
 
 #define REQ_MAX_CHUNKS 16         /* sparse read: data/hole chunks at most */
 /* Lent pieces one reply can carry: every iovec but the header's. */
@@ -344,6 +344,16 @@ unsigned protocol_payload_iov (struct request *r, uint32_t have, struct iovec *v
 /* The request's lent memory or placed payload goes back to the plugin. */
 void protocol_release (struct request *r);
 
+/* ---- output buffers (outbuf.c) ---------------------------------------- */
+
+/* Bytes queued for a socket: data[off, len) is unsent. */
+struct outbuf {
+  uint8_t *data;
+  size_t len, off, cap;
+};
+/* Append; -1 (errno ENOMEM) leaves the buffer as it was. */
+int outbuf_append (struct outbuf *o, const void *data, size_t len);
+
 /* ---- connections (conn.c) ------------------------------------------- */
 
 enum conn_phase {
@@ -399,9 +409,9 @@ struct conn {
   struct request *stalled_req;    /* parsed, waiting for a pool buffer */
   uint32_t skip_option;           /* option too big: answered once skipped */
 
-  /* Output: handshake bytes, then replies in completion order. */
-  uint8_t *obuf;
-  size_t olen, ooff, ocap;
+  /* Output: handshake bytes (written by handshake.c), then replies in
+   * completion order. */
+  struct outbuf out;
   struct request *sendq_head, *sendq_tail;
   size_t sendq_bytes;             /* reply bytes queued, not yet sent */
   bool stall_expired;             /* the socket stayed full SEND_STALL_MS: parse
@@ -442,7 +452,6 @@ void conn_on_complete (struct request *r);       /* shard thread */
 void conn_flush (struct conn *c);
 void conn_shutdown (struct conn *c);             /* drain, then close */
 void conn_resume_reading (struct conn *c);
-int conn_out_append (struct conn *c, const void *data, size_t len);
 void conn_close_now (struct conn *c);
 /* Live restart: stop (on) or resume (off) taking new requests. */
 void conn_quiesce (struct conn *c, bool on);

@@ -28,52 +28,6 @@
  * buys; the client asks again for the rest. */
 #define EXTENTS_CALLS_MAX 1024    /* 2 TiB at least */
 
-static void
-request_reset (struct request *r)
-{
-  /* Exactly the fields read before anything writes them; the kilobyte
-   * of reply space after them is written before it is sent. */
-  r->next = NULL;
-  r->conn = NULL;
-  r->error = 0;
-  r->buf = NULL;
-  r->niov = 0;
-  r->iov_sent = 0;
-  r->nlent = 0;
-  r->held = 0;
-  r->placed = false;
-  r->send_len = 0;
-}
-
-/* --iobuf=calloc is the comparison: allocate and zero each request, free
- * it when done.  The pool mode recycles descriptors and resets only the
- * fields request_reset names. */
-struct request *
-request_get (struct iobuf_pool *p)
-{
-  struct request *r;
-
-  if (cfg.iobuf == IOBUF_CALLOC)
-    r = calloc (1, sizeof *r);      /* blind zeroing of ~1 KiB, each time */
-  else {
-    r = iobuf_desc_get (p);
-    if (!r)
-      r = malloc (sizeof *r);
-  }
-  if (r)
-    request_reset (r);
-  return r;
-}
-
-void
-request_put (struct iobuf_pool *p, struct request *r)
-{
-  if (cfg.iobuf == IOBUF_CALLOC)
-    free (r);
-  else
-    iobuf_desc_put (p, r);
-}
-
 /* The one place errno becomes an NBD error (nbdkit's mapping). */
 uint32_t
 protocol_nbd_error (int err, const struct request *r)

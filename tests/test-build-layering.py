@@ -20,7 +20,6 @@ from blkdtest import TOP, check, fail, ok, skip  # noqa: E402
 # handshake circle: protocol_consume should return parsed requests for
 # the caller to dispatch, and only conn.c read payload bytes).
 KNOWN = {
-    frozenset(("conn", "handshake")),
     frozenset(("conn", "protocol")),
     frozenset(("conn", "shard")),
     frozenset(("protocol", "shard")),
