@@ -43,6 +43,7 @@
 #define SEND_STALL_MS    20
 
 static atomic_ullong next_conn_id = 1;
+void (*conn_handoff_hook) (struct conn *c);
 
 static void conn_on_read (evutil_socket_t fd, short what, void *arg);
 static size_t handoff_need (const struct conn *c);
@@ -388,7 +389,7 @@ conn_flush (struct conn *c)
     return;
   resume_if_unblocked (c);
   if (__builtin_expect (c->handoff, 0))
-    restart_conn_progress (c);
+    conn_handoff_hook (c);
 }
 
 static void

@@ -458,6 +458,10 @@ void conn_quiesce (struct conn *c, bool on);
 /* Quiesced, nothing in flight, nothing buffered either way: the socket
  * can change hands between two requests. */
 bool conn_handoff_ready (const struct conn *c);
+/* A quiesced connection moved on (flushed, or a request finished): set
+ * by restart.c at start-up (restart_init), called only for connections
+ * it quiesced. */
+extern void (*conn_handoff_hook) (struct conn *c);
 
 /* ---- TLS (tls.c) ------------------------------------------------------ */
 
@@ -543,6 +547,9 @@ int shard_call (struct shard *s, void (*fn) (struct shard *, void *), void *arg)
 /* A connection that did not come through the acceptor (a live restart's),
  * counted as shard_handoff counts; on s's thread.  NULL + errno. */
 struct conn *shard_conn_adopt (struct shard *s, int fd, const char *peer);
+/* A connection of s was freed: set by restart.c at start-up (a quiescing
+ * shard may now be ready); NULL: nobody asks. */
+extern void (*shard_conn_gone_hook) (struct shard *s);
 
 /* ---- work queues (queue.c) ------------------------------------------- */
 
@@ -555,7 +562,13 @@ void queue_stop (struct queue *q);               /* join workers, free */
 
 /* ---- listeners (listen.c) -------------------------------------------- */
 
-int listen_setup (void);                          /* -1 + message */
+/* Sockets another image left us (restart_listeners): added with add,
+ * their count returned (0: none, -1: failed). */
+typedef int listen_inherited_fn (int (*add) (int fd), bool *unix_created);
+/* inherited: where sockets from an earlier image come from (main.c
+ * passes restart_listeners; listen.c never calls up into restart.c).
+ * -1 + message. */
+int listen_setup (listen_inherited_fn *inherited);
 int listen_start (struct event_base *main_base);
 void listen_stop (void);
 void listen_cleanup (void);                       /* unlink Unix socket */
@@ -596,9 +609,6 @@ int restart_exec (void);
 void restart_ready (void);
 /* Exit path, once the shards are stopped, before the main loop is freed. */
 void restart_cleanup (void);
-/* Hooks: a quiesced connection moved on (conn.c), one left (shard.c). */
-void restart_conn_progress (struct conn *c);
-void restart_shard_conn_gone (struct shard *s);
 uint64_t restart_count (void);
 uint64_t restart_handed_total (void);
 

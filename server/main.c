@@ -768,7 +768,7 @@ main (int argc, char **argv)
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }
-  if (listen_setup () == -1) {
+  if (listen_setup (restart_listeners) == -1) {
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }

@@ -111,6 +111,8 @@ static atomic_ullong restarts, handed_total;
 static bool adopting;
 static uint32_t in_flags;
 static int in_listen[MAX_LISTEN], n_in_listen;
+static void restart_conn_progress (struct conn *c);
+static void restart_shard_conn_gone (struct shard *s);
 static struct handed *in_conns;
 static unsigned n_in_conns;
 
@@ -764,6 +766,10 @@ store_init (void)
 void
 restart_init (void)
 {
+  /* The hooks conn.c and shard.c report through (set before the shards
+   * start, so their threads only ever read them). */
+  conn_handoff_hook = restart_conn_progress;
+  shard_conn_gone_hook = restart_shard_conn_gone;
   const char *env = getenv (RESTART_ENV);
   if (!env) {
     store_init ();
@@ -928,14 +934,14 @@ shard_check (struct shard *s)
   report (r);
 }
 
-void
+static void
 restart_conn_progress (struct conn *c)
 {
   if (conn_handoff_ready (c))
     shard_check (c->shard);
 }
 
-void
+static void
 restart_shard_conn_gone (struct shard *s)
 {
   struct rs_shard *r = atomic_load_explicit (&rs, memory_order_acquire);

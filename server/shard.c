@@ -17,6 +17,7 @@ int nshards;
 static struct queue *global_queue;     /* --queue=global: one for all */
 static atomic_uint total_conns;        /* handed over and not yet freed */
 static atomic_uint next_shard;
+void (*shard_conn_gone_hook) (struct shard *s);
 
 unsigned
 shard_total_conns (void)
@@ -170,7 +171,8 @@ shard_conn_gone (struct shard *s, struct conn *c)
     public_shutdown_hook ();
   if (s->draining && s->nconns == 0)
     event_base_loopbreak (s->base);
-  restart_shard_conn_gone (s);
+  if (shard_conn_gone_hook)
+    shard_conn_gone_hook (s);
 }
 
 /* ---- hand-over from the acceptor ------------------------------------ */
@@ -304,7 +306,7 @@ shard_sweep (evutil_socket_t fd, short what, void *arg)
     /* Idle: nothing in flight, or replies the client is not reading (a
      * client that stops reading must not hold its buffers for ever). */
     else if (c->phase == CONN_TRANSMISSION && cfg.idle_timeout
-             && (c->inflight == 0 || c->sendq_head || c->olen > c->ooff || tls_unsent (c))
+             && (c->inflight == 0 || c->sendq_head || c->out.len > c->out.off || tls_unsent (c))
              && now - c->t_active >= cfg.idle_timeout * sec) {
       log_info ("idle for %u s; closing", cfg.idle_timeout);
       conn_close_now (c);

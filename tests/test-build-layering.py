@@ -23,11 +23,6 @@ KNOWN = {
     frozenset(("conn", "protocol")),
     frozenset(("conn", "shard")),
     frozenset(("protocol", "shard")),
-    # Live restart (restart.c, where it is built in) drives connections,
-    # shards and listeners, which report back to it: the same knot.
-    frozenset(("conn", "restart")),
-    frozenset(("listen", "restart")),
-    frozenset(("restart", "shard")),
 }
 
 # The objects of the build that made ./blkd (the Makefile keeps one
