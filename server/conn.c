@@ -51,8 +51,10 @@ static void conn_on_write (evutil_socket_t fd, short what, void *arg);
 static void conn_on_input (evutil_socket_t fd, short what, void *arg);
 static void conn_on_stall (evutil_socket_t fd, short what, void *arg);
 static bool conn_maybe_free (struct conn *c);
+static void conn_resume_reading (struct conn *c);
+static void conn_wake_waiters (struct shard *s);
 
-struct conn *
+static struct conn *
 conn_new (struct shard *s, int fd, const char *peer)
 {
   struct conn *c = calloc (1, sizeof *c);
@@ -108,7 +110,7 @@ fail:
   return NULL;
 }
 
-void
+static void
 conn_start (struct conn *c)
 {
   log_current = &c->log;
@@ -400,7 +402,7 @@ conn_on_write (evutil_socket_t fd, short what, void *arg)
   log_current = &c->log;
   conn_flush (c);
   if (s->waiters)
-    shard_wake_waiters (s);
+    conn_wake_waiters (s);
   log_current = NULL;
 }
 
@@ -414,8 +416,31 @@ conn_on_input (evutil_socket_t fd, short what, void *arg)
   conn_on_write (fd, what, arg);
 }
 
+/* Queue c's replies for the flush at the end of this round (the shard's
+ * flush list): one send for all the replies a round completes. */
+static void
+conn_mark_flush (struct shard *s, struct conn *c)
+{
+  if (c->flush_pending)
+    return;
+  c->flush_pending = true;
+  c->flush_next = s->flush_list;
+  s->flush_list = c;
+}
+
+static void
+conn_flush_marked (struct shard *s)
+{
+  while (s->flush_list) {
+    struct conn *c = s->flush_list;
+    s->flush_list = c->flush_next;
+    c->flush_pending = false;
+    conn_flush (c);               /* may free c */
+  }
+}
+
 /* A finished request, reply already built: queue it behind the others. */
-void
+static void
 conn_on_complete (struct request *r)
 {
   struct conn *c = r->conn;
@@ -458,7 +483,133 @@ conn_on_complete (struct request *r)
       && !(c->read_block & (CONN_READ_SEND_FULL | CONN_READ_CLOSING | CONN_READ_STARTTLS))
       && send_pending (c) == SEND_CLOSE)
     c->read_block |= CONN_READ_CLOSING;  /* stop parsing; conn_flush closes */
-  shard_mark_flush (c->shard, c);
+  conn_mark_flush (c->shard, c);
+}
+
+/* Requests workers and the plugin's aio finished (shard.c, after each
+ * wake-up): queue them, send, and let pool waiters retry. */
+static void
+conn_completed (struct shard *s, struct request *done)
+{
+  while (done) {
+    struct request *r = done;
+    done = r->next;
+    conn_on_complete (r);
+  }
+  conn_flush_marked (s);
+  conn_wake_waiters (s);
+}
+
+/* ---- requests: from the parser to the shard ------------------------- */
+
+/* Run r (shard.c); a reply built at once is queued here. */
+static inline void
+conn_dispatch (struct request *r)
+{
+  if (shard_dispatch (r))
+    conn_on_complete (r);
+}
+
+/* The parser handed back: do what it asks.  False: stop parsing. */
+static bool
+conn_take (struct conn *c, enum protocol_next next, struct request *r);
+
+/* Park c until pool buffers come back (conn_wake_waiters). */
+static void
+conn_wait_buffers (struct conn *c)
+{
+  struct shard *s = c->shard;
+  if (c->read_block & CONN_READ_BUFFERS)
+    return;
+  c->read_block |= CONN_READ_BUFFERS;
+  c->wait_next = s->waiters;
+  s->waiters = c;
+}
+
+/* Buffers came back: let waiting connections try again.  Each waiter
+ * needs only its one buffer to move on; resuming schedules its read
+ * callback rather than running it, so the list is stable while we walk. */
+static void
+conn_wake_waiters (struct shard *s)
+{
+  struct conn **pp = &s->waiters;
+  while (*pp) {
+    struct conn *c = *pp;
+    struct request *r = NULL;
+    enum protocol_next next = protocol_retry_stalled (c, &r);
+    if (next != PROTOCOL_STALLED) {
+      *pp = c->wait_next;
+      c->read_block &= ~CONN_READ_BUFFERS;
+      /* A WRITE's payload is left to the read callback resuming runs:
+       * it parses as the stream allows (CLOSING, a full socket). */
+      if (next != PROTOCOL_PAYLOAD)
+        conn_take (c, next, r);
+      conn_resume_reading (c);
+    }
+    else
+      pp = &c->wait_next;
+  }
+  /* A retried request may have run inline and queued its reply. */
+  conn_flush_marked (s);
+}
+
+/* The buffered part of c->recv_req's payload into its place (the pool
+ * buffer, or the pieces the plugin placed it in); true once it is whole. */
+static bool
+payload_from_rbuf (struct conn *c)
+{
+  struct request *r = c->recv_req;
+  struct iovec v;
+  while (c->roff < c->rlen && protocol_payload_iov (r, c->recv_have, &v, 1) == 1) {
+    size_t avail = c->rlen - c->roff;
+    size_t k = v.iov_len < avail ? v.iov_len : avail;
+    memcpy (v.iov_base, c->rbuf + c->roff, k);
+    c->recv_have += k;
+    c->roff += k;
+  }
+  return c->recv_have >= r->count;
+}
+
+static bool
+conn_take (struct conn *c, enum protocol_next next, struct request *r)
+{
+  switch (next) {
+  case PROTOCOL_RUN:
+    conn_dispatch (r);
+    return true;
+  case PROTOCOL_ANSWER:
+    conn_on_complete (r);
+    return true;
+  case PROTOCOL_PAYLOAD:
+    if (!payload_from_rbuf (c))
+      return false;                 /* read_some reads the rest */
+    r = c->recv_req;
+    c->recv_req = NULL;
+    conn_dispatch (r);
+    return true;
+  case PROTOCOL_STALLED:
+    conn_wait_buffers (c);
+    return false;
+  case PROTOCOL_WAIT:
+  case PROTOCOL_CLOSE:
+    break;
+  }
+  return false;
+}
+
+/* Transmission: parse requests from rbuf and start each; 0 to go on
+ * reading, -1 to close. */
+static int
+conn_parse (struct conn *c)
+{
+  for (;;) {
+    struct request *r = NULL;
+    enum protocol_next next = protocol_consume (c, &r);
+    if (next == PROTOCOL_CLOSE)
+      return -1;
+    if (!conn_take (c, next, r))
+      return 0;
+  }
 }
 
 /* ---- input --------------------------------------------------------- */
@@ -477,7 +628,7 @@ process_input (struct conn *c)
       return 0;                     /* needs more bytes */
   }
   if (c->phase == CONN_TRANSMISSION)
-    return protocol_consume (c);
+    return conn_parse (c);
   return 0;
 }
 
@@ -701,12 +852,12 @@ conn_on_read (evutil_socket_t fd, short what, void *arg)
   if (cfg.idle_timeout)
     c->t_active = now_ns ();       /* vDSO: no syscall */
   conn_pump (c, true);
-  shard_flush_marked (s);
+  conn_flush_marked (s);
   /* Replies just sent gave buffers back; a connection parked on the pool
    * (maybe this one) can go on.  Nothing else would wake it when the
    * socket took every byte. */
   if (s->waiters)
-    shard_wake_waiters (s);
+    conn_wake_waiters (s);
   log_current = NULL;
 }
 
@@ -723,7 +874,7 @@ conn_on_stall (evutil_socket_t fd, short what, void *arg)
   log_current = NULL;
 }
 
-void
+static void
 conn_resume_reading (struct conn *c)
 {
   if (c->fd < 0 || (c->read_block & CONN_READ_CLOSING) || c->phase == CONN_CLOSING)
@@ -869,6 +1020,16 @@ conn_maybe_free (struct conn *c)
 
   struct shard *s = c->shard;
   log_debug ("connection closed");
+  for (struct conn **pp = &s->waiters; *pp; pp = &(*pp)->wait_next)
+    if (*pp == c) {
+      *pp = c->wait_next;
+      break;
+    }
+  for (struct conn **pp = &s->flush_list; *pp; pp = &(*pp)->flush_next)
+    if (*pp == c) {
+      *pp = c->flush_next;
+      break;
+    }
   backend_conn_fini (&c->pc);
   tls_free (c);
   if (c->prev)
@@ -896,3 +1057,46 @@ conn_maybe_free (struct conn *c)
   free (c);
   return true;
 }
+
+/* ---- the shard's side ------------------------------------------------ */
+
+/* Timeouts: handshake not finished, or idle (nothing in flight, or
+ * replies the client is not reading: a client that stops reading must not
+ * hold its buffers for ever).  Once a second (shard.c). */
+static void
+conn_sweep (struct shard *s)
+{
+  uint64_t now = now_ns ();
+  const uint64_t sec = 1000000000;
+
+  for (struct conn *c = s->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->fd < 0)
+      continue;
+    log_current = &c->log;
+    if (c->phase != CONN_TRANSMISSION && c->phase != CONN_CLOSING && cfg.handshake_timeout
+        && now - c->t_created >= cfg.handshake_timeout * sec) {
+      log_info ("handshake not finished after %u s; closing", cfg.handshake_timeout);
+      conn_close_now (c);
+    }
+    else if (c->phase == CONN_TRANSMISSION && cfg.idle_timeout
+             && (c->inflight == 0 || c->sendq_head || c->out.len > c->out.off || tls_unsent (c))
+             && now - c->t_active >= cfg.idle_timeout * sec) {
+      log_info ("idle for %u s; closing", cfg.idle_timeout);
+      conn_close_now (c);
+    }
+    log_current = NULL;
+  }
+  /* Connections closed above gave their buffers back: let waiters retry. */
+  if (s->waiters)
+    conn_wake_waiters (s);
+}
+
+const struct shard_conn_ops conn_shard_ops = {
+  .open = conn_new,
+  .start = conn_start,
+  .completed = conn_completed,
+  .sweep = conn_sweep,
+  .shutdown = conn_shutdown,
+  .close_now = conn_close_now,
+};

@@ -333,9 +333,17 @@ enum ext_payload protocol_ext_payload (const struct conn *c, struct request *r,
 int protocol_validate (struct conn *c, const struct request *r);
 /* Run the plugin call for r (shard thread or worker). */
 void protocol_execute (struct request *r);
-/* Start r with the plugin's aio call (shard thread): true when started
- * (or failed at once and answered); false: run it with protocol_execute. */
-bool protocol_start_aio (struct request *r);
+/* Start r with the plugin's aio call (shard thread), which calls complete
+ * from the plugin's thread when done. */
+enum protocol_aio {
+  PROTOCOL_AIO_DECLINED,          /* not for aio: run it with protocol_execute */
+  PROTOCOL_AIO_STARTED,           /* the plugin has it until complete is called */
+  PROTOCOL_AIO_ANSWERED,          /* failed at once: its reply is built */
+};
+enum protocol_aio protocol_start_aio (struct request *r,
+                                      void (*complete) (struct blkd_aio *, int));
+/* In complete: build the reply of the request a belongs to; returns it. */
+struct request *protocol_aio_finish (struct blkd_aio *a, int err);
 uint32_t protocol_nbd_error (int err, const struct request *r);
 /* Where a WRITE's payload from byte `have` on goes: at most max iovecs
  * (the pool buffer, or the pieces of a placed write); 0 when complete. */
@@ -446,12 +454,10 @@ protocol_header_size (const struct conn *c)
   return c->extended ? sizeof (struct nbd_extended_request) : sizeof (struct nbd_request);
 }
 
-struct conn *conn_new (struct shard *s, int fd, const char *peer);
-void conn_start (struct conn *c);
-void conn_on_complete (struct request *r);       /* shard thread */
+/* What the shards call connections through (shard_start_all). */
+extern const struct shard_conn_ops conn_shard_ops;
 void conn_flush (struct conn *c);
 void conn_shutdown (struct conn *c);             /* drain, then close */
-void conn_resume_reading (struct conn *c);
 void conn_close_now (struct conn *c);
 /* Live restart: stop (on) or resume (off) taking new requests. */
 void conn_quiesce (struct conn *c, bool on);
@@ -493,10 +499,24 @@ void handshake_block_sizes (struct conn *c, uint32_t *min, uint32_t *pref, uint3
 int handshake_consume (struct conn *c);
 
 /* ---- transmission input (protocol.c) --------------------------------- */
-/* Consume requests from c->rbuf; 0 to continue, -1 to close. */
-int protocol_consume (struct conn *c);
-/* Retry a request that waited for a buffer; true if it went through. */
-bool protocol_retry_stalled (struct conn *c);
+/* What the parser hands its caller (conn.c), which does the rest: the
+ * parser reads no payload and runs nothing. */
+enum protocol_next {
+  PROTOCOL_WAIT,                  /* nothing more until input comes or a block clears */
+  PROTOCOL_CLOSE,                 /* protocol error: answer what came, then close */
+  PROTOCOL_RUN,                   /* *out is complete: dispatch it */
+  PROTOCOL_ANSWER,                /* *out failed, its error reply built: queue it */
+  PROTOCOL_PAYLOAD,               /* c->recv_req's payload is next in the stream:
+                                     read it in (protocol_payload_iov), then dispatch */
+  PROTOCOL_STALLED,               /* c->stalled_req waits for a pool buffer: park c
+                                     until buffers return, then protocol_retry_stalled */
+};
+/* Parse from c->rbuf up to the next thing the caller must do. */
+enum protocol_next protocol_consume (struct conn *c, struct request **out);
+/* Retry a request that waited for a buffer: PROTOCOL_STALLED while the
+ * pool is still at its bound, else as protocol_consume (PROTOCOL_WAIT:
+ * nothing to do but read on). */
+enum protocol_next protocol_retry_stalled (struct conn *c, struct request **out);
 
 /* ---- shards (shard.c) ------------------------------------------------ */
 
@@ -530,15 +550,30 @@ struct shard {
 extern struct shard *shards;
 extern int nshards;
 
-int shard_start_all (void);
+/* The one path from the shards up to the connections: conn.c's
+ * conn_shard_ops, given to shard_start_all.  Everything else goes down
+ * (conn.c calls shard_dispatch and shard_conn_gone). */
+struct shard_conn_ops {
+  /* A socket handed over (or adopted): the connection, NULL + errno. */
+  struct conn *(*open) (struct shard *s, int fd, const char *peer);
+  void (*start) (struct conn *c);               /* greet the client */
+  /* After each wake-up: requests workers or the plugin's aio finished
+   * (linked by next, replies built; may be NULL): queue and send them,
+   * and let connections waiting for pool buffers retry. */
+  void (*completed) (struct shard *s, struct request *done);
+  void (*sweep) (struct shard *s);              /* once a second: timeouts */
+  void (*shutdown) (struct conn *c);            /* drain, then close */
+  void (*close_now) (struct conn *c);
+};
+
+int shard_start_all (const struct shard_conn_ops *ops);
 void shard_stop_all (void);      /* drain connections, join threads */
 void shard_handoff (int fd, const char *peer);
 void shard_complete (struct request *r);          /* worker → shard */
-void shard_dispatch (struct request *r);          /* inline or to workers */
-void shard_wake_waiters (struct shard *s);
-void shard_wait_buffers (struct shard *s, struct conn *c);
-void shard_mark_flush (struct shard *s, struct conn *c);
-void shard_flush_marked (struct shard *s);
+/* Run r: with the plugin's aio, inline, or on a worker.  True when its
+ * reply is built already (inline, or failed at once): the caller queues
+ * it; false: it comes back through the ops' completed. */
+bool shard_dispatch (struct request *r);
 void shard_conn_gone (struct shard *s, struct conn *c);
 unsigned shard_total_conns (void);
 /* Run fn on s's thread, after what it has queued (main thread); -1 when
