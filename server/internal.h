@@ -4,31 +4,46 @@
 /* The life of a request, and the function at each step (file):
  *
  *  accept     on_accept (listen.c) → shard_handoff → the shard's eventfd →
- *             shard_on_notify → conn_new, conn_start (conn.c)
+ *             shard_on_notify → conn_shard_ops.open/.start: conn_new,
+ *             conn_start (conn.c)
  *  handshake  conn_on_read → conn_pump → read_some, process_input →
- *             handshake_consume (handshake.c; tls.c after STARTTLS) until
- *             the phase is CONN_TRANSMISSION
- *  parse      protocol_consume (protocol.c): request_get from the shard's
- *             pool, protocol_validate, attach_buffer (a WRITE's payload is
- *             read by read_some into its buffer first); or park on the pool
- *             with shard_wait_buffers, retried by protocol_retry_stalled
- *  dispatch   start_request → shard_dispatch (shard.c): protocol_start_aio
+ *             handshake_consume (handshake.c; tls.c after STARTTLS; its
+ *             replies go into c->out, outbuf.c) until the phase is
+ *             CONN_TRANSMISSION
+ *  parse      conn_parse (conn.c) → protocol_consume (protocol.c):
+ *             request_get (request.c), protocol_validate, attach_buffer;
+ *             it returns what conn.c does next: RUN, ANSWER (an error
+ *             reply), PAYLOAD (conn.c copies a WRITE's buffered payload in,
+ *             read_some reads the rest straight into its buffer) or
+ *             STALLED (conn_wait_buffers; conn_wake_waiters retries it
+ *             with protocol_retry_stalled)
+ *  dispatch   conn_dispatch → shard_dispatch (shard.c): protocol_start_aio
  *             when the plugin completes requests itself (aio: its thread
- *             calls shard_complete), else inline on the shard thread, or
- *             queue_push (queue.c) to a worker that runs shard_run_request
+ *             runs shard_aio_done → protocol_aio_finish, shard_complete),
+ *             else inline on the shard thread (returns true: conn.c queues
+ *             the reply), or queue_push (queue.c) to a worker that runs
+ *             shard_run_request
  *  backend    protocol_execute → backend (layer stack): backend_pread,
  *             backend_pwrite, ... on c->pc.top (backend.c), down through
  *             filters and the cache to the plugin (docs/ARCHITECTURE.md);
  *             timed by delayacct_plugin_begin/end (delayacct.h)
  *  reply      protocol_execute builds the reply iovecs (put_simple,
  *             put_error, put_read_reply); inline: conn_on_complete; from a
- *             worker: shard_complete → shard_on_notify → conn_on_complete,
- *             which queues it on the connection and shard_mark_flush
- *  send       shard_flush_marked → conn_flush → send_pending (one sendmsg
+ *             worker: shard_complete → shard_on_notify →
+ *             conn_shard_ops.completed (conn_completed) → conn_on_complete,
+ *             which queues it on the connection and conn_mark_flush
+ *  send       conn_flush_marked → conn_flush → send_pending (one sendmsg
  *             for many replies, tls_sendv under TLS, sendfile for lent file
  *             data) → request_free: delayacct_done, request_put
  *
- * Back-pressure at any step stops reading; why is c->read_block. */
+ * Back-pressure at any step stops reading; why is c->read_block.
+ *
+ * Layering: each file calls only files below it (test-build-layering.py):
+ * request.c, outbuf.c < protocol.c, handshake.c < shard.c < conn.c <
+ * listen.c, restart.c, main.c.  The only ways up are function pointers
+ * the upper file registers: struct shard_conn_ops (conn.c's, given to
+ * shard_start_all) and restart.c's conn_handoff_hook and
+ * shard_conn_gone_hook (set by restart_init). */
 #ifndef BLKD_INTERNAL_H
 #define BLKD_INTERNAL_H
 
@@ -527,14 +542,15 @@ struct shard {
   int notify_fd;                  /* eventfd: handoffs and completions */
   struct event *ev_notify;
   pthread_mutex_t lock;           /* guards the two lists below */
-  int *new_fds; char (*new_peers)[64]; size_t n_new, cap_new;
+  struct shard_new { int fd; char peer[64]; } *new_conns;   /* handed over */
+  size_t n_new, cap_new;
   struct request *done_head, *done_tail;  /* completed by workers */
   struct conn *conns;             /* shard thread only */
   unsigned nconns;
   atomic_uint nconns_shared;      /* for the acceptor's balancing */
   struct iobuf_pool *pool;
-  struct conn *waiters;           /* conns waiting for pool buffers */
-  struct conn *flush_list;        /* conns with replies queued this round */
+  struct conn *waiters;           /* conns waiting for pool buffers (conn.c) */
+  struct conn *flush_list;        /* conns with replies queued this round (conn.c) */
   struct event *ev_drain_timeout;
   struct event *ev_sweep;         /* once a second: handshake/idle timeouts */
   struct queue *queue;            /* this shard's work queue (split mode) */

@@ -1224,30 +1224,15 @@ restart_begin (struct event_base *main_base, bool store)
 /* ---- exec ------------------------------------------------------------ */
 
 struct writer {
-  uint8_t *buf;
-  size_t len, cap;
+  struct outbuf out;
   bool bad;
 };
 
 static void
 wr (struct writer *w, const void *p, size_t n)
 {
-  if (w->bad)
-    return;
-  if (w->len + n > w->cap) {
-    size_t cap = w->cap ? w->cap * 2 : 4096;
-    while (cap < w->len + n)
-      cap *= 2;
-    uint8_t *b = realloc (w->buf, cap);
-    if (!b) {
-      w->bad = true;
-      return;
-    }
-    w->buf = b;
-    w->cap = cap;
-  }
-  memcpy (w->buf + w->len, p, n);
-  w->len += n;
+  if (!w->bad && outbuf_append (&w->out, p, n) == -1)
+    w->bad = true;
 }
 
 static void wr32 (struct writer *w, uint32_t v) { wr (w, &v, 4); }
@@ -1295,8 +1280,8 @@ write_state (bool slots)
     }
   int fd = w.bad ? -1 : memfd_create ("blkd-restart", 0);   /* no CLOEXEC: for exec */
   size_t off = 0;
-  while (fd >= 0 && off < w.len) {
-    ssize_t n = write (fd, w.buf + off, w.len - off);
+  while (fd >= 0 && off < w.out.len) {
+    ssize_t n = write (fd, w.out.data + off, w.out.len - off);
     if (n <= 0) {
       close (fd);
       fd = -1;
@@ -1306,7 +1291,7 @@ write_state (bool slots)
   }
   if (fd < 0)
     log_error ("live restart: cannot write the state: %m");
-  free (w.buf);
+  free (w.out.data);
   return fd;
 }
 

@@ -11,6 +11,7 @@
 
 #include "internal.h"
 #include "delayacct.h"
+#include "vector.h"
 
 struct shard *shards;
 int nshards;
@@ -147,26 +148,19 @@ shard_handoff (int fd, const char *peer)
   atomic_fetch_add (&total_conns, 1);
 
   pthread_mutex_lock (&best->lock);
-  if (best->n_new == best->cap_new) {
-    size_t ncap = best->cap_new ? best->cap_new * 2 : 16;
-    int *nf = realloc (best->new_fds, ncap * sizeof *nf);
-    char (*np)[64] = nf ? realloc (best->new_peers, ncap * sizeof *np) : NULL;
-    if (nf)
-      best->new_fds = nf;
-    if (np)
-      best->new_peers = np;
-    if (!nf || !np) {
-      pthread_mutex_unlock (&best->lock);
-      log_error ("shard %d: out of memory handing over %s", best->index, peer);
-      close (fd);
-      atomic_fetch_sub (&best->nconns_shared, 1);
-      atomic_fetch_sub (&total_conns, 1);
-      return;
-    }
-    best->cap_new = ncap;
+  struct shard_new *nv = vec_grow (best->new_conns, &best->cap_new, best->n_new + 1,
+                                   sizeof *nv, 16);
+  if (!nv) {
+    pthread_mutex_unlock (&best->lock);
+    log_error ("shard %d: out of memory handing over %s", best->index, peer);
+    close (fd);
+    atomic_fetch_sub (&best->nconns_shared, 1);
+    atomic_fetch_sub (&total_conns, 1);
+    return;
   }
-  best->new_fds[best->n_new] = fd;
-  snprintf (best->new_peers[best->n_new], 64, "%s", peer);
+  best->new_conns = nv;
+  nv[best->n_new].fd = fd;
+  snprintf (nv[best->n_new].peer, sizeof nv->peer, "%s", peer);
   best->n_new++;
   pthread_mutex_unlock (&best->lock);
   shard_notify (best);
@@ -281,13 +275,10 @@ shard_on_notify (evutil_socket_t fd, short what, void *arg)
   struct shard_call *calls = s->calls;
   s->calls = NULL;
   size_t n_new = s->n_new;
-  int *fds = NULL;
-  char (*peers)[64] = NULL;
+  struct shard_new *nc = NULL;
   if (n_new) {
-    fds = s->new_fds;
-    peers = s->new_peers;
-    s->new_fds = NULL;
-    s->new_peers = NULL;
+    nc = s->new_conns;
+    s->new_conns = NULL;
     s->n_new = s->cap_new = 0;
   }
   pthread_mutex_unlock (&s->lock);
@@ -296,25 +287,24 @@ shard_on_notify (evutil_socket_t fd, short what, void *arg)
 
   for (size_t i = 0; i < n_new; i++) {
     if (s->draining || atomic_load (&server_stopping)) {
-      close (fds[i]);
+      close (nc[i].fd);
       atomic_fetch_sub (&s->nconns_shared, 1);
       atomic_fetch_sub (&total_conns, 1);
       continue;
     }
-    struct conn *c = conn_ops->open (s, fds[i], peers[i]);
+    struct conn *c = conn_ops->open (s, nc[i].fd, nc[i].peer);
     if (!c) {
-      log_error ("shard %d: cannot set up connection from %s: %m", s->index, peers[i]);
+      log_error ("shard %d: cannot set up connection from %s: %m", s->index, nc[i].peer);
       if (cfg.single && public_shutdown_hook)
         public_shutdown_hook ();
-      close (fds[i]);
+      close (nc[i].fd);
       atomic_fetch_sub (&s->nconns_shared, 1);
       atomic_fetch_sub (&total_conns, 1);
       continue;
     }
     conn_ops->start (c);
   }
-  free (fds);
-  free (peers);
+  free (nc);
   /* After the new connections: a live restart's quiesce must see them. */
   shard_run_calls (s, calls);
 
@@ -461,9 +451,8 @@ shard_stop_all (void)
   for (int i = 0; i < nshards; i++) {
     struct shard *s = &shards[i];
     for (size_t j = 0; j < s->n_new; j++)
-      close (s->new_fds[j]);
-    free (s->new_fds);
-    free (s->new_peers);
+      close (s->new_conns[j].fd);
+    free (s->new_conns);
     shard_run_calls (NULL, s->calls);   /* too late to run */
     if (s->ev_drain_timeout)
       event_free (s->ev_drain_timeout);
