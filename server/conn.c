@@ -847,6 +847,8 @@ conn_on_read (evutil_socket_t fd, short what, void *arg)
   s->reads++;
   if (s->last_reader != c) {        /* several clients busy: no polling (shard.c) */
     s->last_reader = c;
+    s->last_reader_fd = c->fd;      /* where its client runs (shard.c) */
+    s->last_reader_id = c->id;
     s->reader_changes++;
   }
   if (cfg.idle_timeout)
@@ -1045,8 +1047,10 @@ conn_maybe_free (struct conn *c)
   event_free (c->ev_write);
   event_free (c->ev_stall);
   event_free (c->ev_input);
-  if (s->last_reader == c)
+  if (s->last_reader == c) {
     s->last_reader = NULL;          /* a new conn may get this address */
+    s->last_reader_fd = -1;
+  }
   free (c->rbuf);
   free (c->out.data);
   free (c->export_name);

@@ -557,6 +557,8 @@ struct shard {
   bool draining;
   uint64_t reads;                 /* read callbacks run: the poll window's signal */
   const struct conn *last_reader; /* whose read callback ran last (compared only) */
+  int last_reader_fd;             /* its socket (-1: none), and its id: where */
+  uint64_t last_reader_id;        /*   its client runs (shard.c's polling) */
   uint64_t reader_changes;        /* times it was another connection than before */
   unsigned lowat_conns;           /* conns waiting on a payload under SO_RCVLOWAT */
   struct shard_stats *stats;      /* counters and delay accounting (delayacct.c) */

@@ -340,34 +340,33 @@ shard_peer_local (int fd)
   return false;                     /* Unix: no SO_INCOMING_CPU */
 }
 
-/* Does the client that read last run on the CPU this thread runs on?  For
- * a local TCP peer, SO_INCOMING_CPU (the CPU that processed the
- * connection's latest packet) is the CPU the client sent it from.
- * Spinning there only delays the client: it cannot send its next request
- * until this thread gives the CPU up, and it pays for the wait (measured:
- * docs/BENCHMARKS.md, "what the switches buy").  A remote peer's packets
- * are processed where the NIC's interrupt lands, which says nothing of
- * where the client runs: false, as for Unix sockets.  *place caches
- * whether the connection (by id) is local. */
+/* Whether the last reader's connection (by id) has a local peer: asked
+ * once per connection. */
 struct shard_place {
   uint64_t conn_id;
   bool local;
 };
 
+/* Does the client that read last run on the CPU this thread runs on?  For
+ * a local TCP peer, SO_INCOMING_CPU (the CPU that processed the
+ * connection's latest packet) is the CPU the client sent it from.
+ * Spinning there only delays the client: it cannot send its next request
+ * until this thread gives the CPU up (docs/BENCHMARKS.md, "Polling and
+ * placement").  A remote peer's packets are processed where the NIC's
+ * interrupt lands, which says nothing of where the client runs: false, as
+ * for Unix sockets. */
 static bool
 shard_peer_on_my_cpu (struct shard *s, struct shard_place *place)
 {
-  const struct conn *c = s->last_reader;
-  int cpu = -1;
+  int fd = s->last_reader_fd, cpu = -1;
   socklen_t len = sizeof cpu;
-  if (!c || c->fd < 0)
+  if (fd < 0)
     return false;
-  if (place->conn_id != c->id) {
-    place->conn_id = c->id;
-    place->local = shard_peer_local (c->fd);
+  if (place->conn_id != s->last_reader_id) {
+    place->conn_id = s->last_reader_id;
+    place->local = shard_peer_local (fd);
   }
-  if (!place->local || getsockopt (c->fd, SOL_SOCKET, SO_INCOMING_CPU, &cpu, &len) < 0
-      || cpu < 0)
+  if (!place->local || getsockopt (fd, SOL_SOCKET, SO_INCOMING_CPU, &cpu, &len) < 0 || cpu < 0)
     return false;
   return cpu == sched_getcpu ();
 }
@@ -456,6 +455,7 @@ shard_start_all (const struct shard_conn_ops *ops)
   for (int i = 0; i < nshards; i++) {
     struct shard *s = &shards[i];
     s->index = i;
+    s->last_reader_fd = -1;
     pthread_mutex_init (&s->lock, NULL);
     struct event_config *ec = event_config_new ();
     if (!ec)
