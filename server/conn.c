@@ -431,6 +431,19 @@ conn_on_input (evutil_socket_t fd, short what, void *arg)
   conn_on_write (fd, what, arg);
 }
 
+/* Does the reply built for r send bytes from its pool buffer? */
+static bool
+reply_uses_buf (const struct request *r)
+{
+  const char *lo = r->buf->data, *hi = lo + r->buf->cap;
+  for (unsigned i = 0; i < r->niov; i++) {
+    const char *p = r->iov[i].iov_base;
+    if (p >= lo && p < hi)
+      return true;
+  }
+  return false;
+}
+
 /* A finished request, reply already built: queue it behind the others. */
 void
 conn_on_complete (struct request *r)
@@ -451,13 +464,19 @@ conn_on_complete (struct request *r)
   for (unsigned i = 0; i < r->niov; i++)
     c->sendq_bytes += r->iov[i].iov_len;
   c->sendq_bytes += r->send_len;
-  /* A reply that does not send from its pool buffer (lent memory, a file)
-   * gives it back now, not once the client has read the reply.  Lent
-   * memory still counts against the connection's share until it is sent:
-   * it pins the plugin's memory (a chunk replaced meanwhile stays alive
-   * for it), and a client that never reads must not pin more than the
-   * pool would let it hold.  A file's pages belong to the page cache. */
-  if (r->buf && (r->nlent || r->send_len)) {
+  /* A reply that does not send from its pool buffer (a WRITE's, whose
+   * payload the plugin has consumed; an error; lent memory; a file) gives
+   * it back now, not once the client has read the reply.  For a stream of
+   * WRITEs this is what keeps the payload buffer warm: replies go out in
+   * batches, and a buffer held until its reply left would make the next
+   * WRITEs take others, a buffer per request in the batch, whose lines the
+   * plugin's copy into its own (cold) memory has evicted by then; given
+   * back now, the next WRITE receives into the one the plugin just read.
+   * Lent memory still counts against the connection's share until it is
+   * sent: it pins the plugin's memory (a chunk replaced meanwhile stays
+   * alive for it), and a client that never reads must not pin more than
+   * the pool would let it hold.  A file's pages belong to the page cache. */
+  if (r->buf && (r->nlent || r->send_len || !reply_uses_buf (r))) {
     c->buf_bytes -= r->buf->cap;
     iobuf_put (c->shard->pool, r->buf);
     r->buf = NULL;
