@@ -18,9 +18,9 @@
 #include "delayacct.h"
 
 #define RBUF_SIZE        (64 * 1024)
-/* A payload remainder at least this big is read straight into its buffer
- * (one copy fewer); smaller ones go through rbuf, so many small writes
- * arrive in one read() instead of one read() each. */
+/* A payload at least this big is read straight into its buffer (one copy
+ * fewer), to its last byte; smaller ones go through rbuf, so many small
+ * writes arrive in one read() instead of one read() each. */
 #define DIRECT_THRESHOLD (32 * 1024)
 #define READS_PER_EVENT  16           /* fairness among a shard's clients */
 #define SEND_IOV_MAX     64
@@ -549,13 +549,16 @@ read_some (struct conn *c)
     c->read_drained = true;
     return -2;
   }
-  if (r && r->count - c->recv_have >= DIRECT_THRESHOLD && c->roff == c->rlen) {
+  if (r && r->count >= DIRECT_THRESHOLD && c->roff == c->rlen) {
     /* Into the payload's buffer, or the pieces the plugin placed it in,
      * and the next request's header into rbuf in the same readv: a client
      * with writes queued has it right behind the payload, and reading it
      * now saves the read (and often the epoll round) that would fetch it
      * alone.  Only the header: the next payload goes to its own buffer
-     * once the header says where.  TLS reads a record at a time. */
+     * once the header says where.  A big payload's short tail too: read
+     * into rbuf, it would bring the next big payload's first rbuf-full
+     * with it, and that would be copied out of rbuf again.  TLS reads a
+     * record at a time. */
     struct iovec v[8];
     unsigned nv = protocol_payload_iov (r, c->recv_have, v, c->tls ? 1 : 7);
     size_t payload = 0;
