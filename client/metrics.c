@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "blkperf.h"
+#include "vector.h"
 
 #define BP_HTTP_MAX (8u << 20)       /* a /metrics page larger than this is not ours */
 #define BP_HTTP_CONNECT_MS 2000
@@ -173,28 +174,23 @@ bp_http_get (const char *url, size_t *blen, char *err, size_t errlen)
     close (fd);
     return NULL;
   }
-  size_t cap = 65536, len = 0;
-  char *buf = malloc (cap + 1);
-  if (!buf) {
-    bp_seterr (err, errlen, "out of memory");
-    close (fd);
-    return NULL;
-  }
+  /* cap counts the byte kept for the terminating NUL. */
+  size_t cap = 0, len = 0;
+  char *buf = NULL;
   for (;;) {
-    if (len == cap) {
-      if (cap >= BP_HTTP_MAX) {
+    if (len + 1 >= cap) {
+      if (len >= BP_HTTP_MAX) {
         bp_seterr (err, errlen, "reply from %s larger than %u bytes", url, BP_HTTP_MAX);
         goto fail;
       }
-      char *nb = realloc (buf, cap * 2 + 1);
+      char *nb = vec_grow (buf, &cap, len + 2, 1, 65536 + 1);
       if (!nb) {
         bp_seterr (err, errlen, "out of memory");
         goto fail;
       }
       buf = nb;
-      cap *= 2;
     }
-    ssize_t r = recv (fd, buf + len, cap - len, 0);
+    ssize_t r = recv (fd, buf + len, cap - 1 - len, 0);
     if (r > 0) { len += (size_t) r; continue; }
     if (r == 0)
       break;

@@ -112,7 +112,7 @@ LLVMFuzzerInitialize (int *argc, char ***argv)
     exit (1);
   }
   free (path);
-  if (shard_start_all () == -1) {
+  if (shard_start_all (&conn_shard_ops) == -1) {
     fprintf (stderr, "fuzz: cannot start the shard\n");
     exit (1);
   }

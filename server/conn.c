@@ -25,7 +25,7 @@
 #define READS_PER_EVENT  16           /* fairness among a shard's clients */
 #define SEND_IOV_MAX     64
 /* Handshake replies a client has not read: past this, stop parsing its
- * options, or a client that never reads could grow obuf without bound. */
+ * options, or a client that never reads could grow c->out without bound. */
 #define OBUF_PAUSE       (64 * 1024)
 /* Replies queued past this are sent before the next request runs, while
  * their bytes are still in cache: a client with 64 x 256 KiB reads in
@@ -43,6 +43,7 @@
 #define SEND_STALL_MS    20
 
 static atomic_ullong next_conn_id = 1;
+void (*conn_handoff_hook) (struct conn *c);
 
 static void conn_on_read (evutil_socket_t fd, short what, void *arg);
 static size_t handoff_need (const struct conn *c);
@@ -50,8 +51,10 @@ static void conn_on_write (evutil_socket_t fd, short what, void *arg);
 static void conn_on_input (evutil_socket_t fd, short what, void *arg);
 static void conn_on_stall (evutil_socket_t fd, short what, void *arg);
 static bool conn_maybe_free (struct conn *c);
+static void conn_resume_reading (struct conn *c);
+static void conn_wake_waiters (struct shard *s);
 
-struct conn *
+static struct conn *
 conn_new (struct shard *s, int fd, const char *peer)
 {
   struct conn *c = calloc (1, sizeof *c);
@@ -107,7 +110,7 @@ fail:
   return NULL;
 }
 
-void
+static void
 conn_start (struct conn *c)
 {
   log_current = &c->log;
@@ -123,24 +126,6 @@ conn_start (struct conn *c)
 }
 
 /* ---- output -------------------------------------------------------- */
-
-int
-conn_out_append (struct conn *c, const void *data, size_t len)
-{
-  if (c->olen + len > c->ocap) {
-    size_t ncap = c->ocap ? c->ocap : 1024;
-    while (ncap < c->olen + len)
-      ncap *= 2;
-    uint8_t *nb = realloc (c->obuf, ncap);
-    if (!nb)
-      return -1;
-    c->obuf = nb;
-    c->ocap = ncap;
-  }
-  memcpy (c->obuf + c->olen, data, len);
-  c->olen += len;
-  return 0;
-}
 
 static void
 request_free (struct conn *c, struct request *r)
@@ -169,7 +154,7 @@ drop_output (struct conn *c)
   }
   c->sendq_tail = NULL;
   c->sendq_bytes = 0;
-  c->olen = c->ooff = 0;
+  c->out.len = c->out.off = 0;
 }
 
 /* The transport: the socket, or TLS records once STARTTLS switched (the
@@ -281,15 +266,15 @@ send_pending (struct conn *c)
     struct iovec iov[SEND_IOV_MAX];
     int n = 0, flags = 0;
     struct request *h = c->sendq_head;
-    if (c->ooff == c->olen && h && h->iov_sent == h->niov && h->send_len) {
+    if (c->out.off == c->out.len && h && h->iov_sent == h->niov && h->send_len) {
       enum send_result r = send_file_part (c, h);
       if (r != SEND_AGAIN)
         return r;
       continue;
     }
-    if (c->ooff < c->olen) {
-      iov[n].iov_base = c->obuf + c->ooff;
-      iov[n].iov_len = c->olen - c->ooff;
+    if (c->out.off < c->out.len) {
+      iov[n].iov_base = c->out.data + c->out.off;
+      iov[n].iov_len = c->out.len - c->out.off;
       n++;
     }
     /* Gather up to a reply whose data is a file: sendfile sends that, right
@@ -327,12 +312,12 @@ send_pending (struct conn *c)
     size_t left = sent;
     if (cfg.idle_timeout && sent > 0)
       c->t_active = now_ns ();      /* output moving: the client is alive */
-    if (c->ooff < c->olen) {
-      size_t k = c->olen - c->ooff < left ? c->olen - c->ooff : left;
-      c->ooff += k;
+    if (c->out.off < c->out.len) {
+      size_t k = c->out.len - c->out.off < left ? c->out.len - c->out.off : left;
+      c->out.off += k;
       left -= k;
-      if (c->ooff == c->olen)
-        c->ooff = c->olen = 0;
+      if (c->out.off == c->out.len)
+        c->out.off = c->out.len = 0;
     }
     c->sendq_bytes -= left;
     while (c->sendq_head && (left > 0 || c->sendq_head->iov_sent == c->sendq_head->niov)) {
@@ -365,7 +350,7 @@ resume_if_unblocked (struct conn *c)
 {
   if ((c->read_block & (CONN_READ_PAUSED | CONN_READ_BUFFERS | CONN_READ_SEND_FULL))
       == CONN_READ_PAUSED && !c->stalled_req
-      && c->inflight < cfg.max_inflight && c->olen - c->ooff <= OBUF_PAUSE)
+      && c->inflight < cfg.max_inflight && c->out.len - c->out.off <= OBUF_PAUSE)
     conn_resume_reading (c);
 }
 
@@ -406,7 +391,7 @@ conn_flush (struct conn *c)
     return;
   resume_if_unblocked (c);
   if (__builtin_expect (c->handoff, 0))
-    restart_conn_progress (c);
+    conn_handoff_hook (c);
 }
 
 static void
@@ -417,7 +402,7 @@ conn_on_write (evutil_socket_t fd, short what, void *arg)
   log_current = &c->log;
   conn_flush (c);
   if (s->waiters)
-    shard_wake_waiters (s);
+    conn_wake_waiters (s);
   log_current = NULL;
 }
 
@@ -444,8 +429,31 @@ reply_uses_buf (const struct request *r)
   return false;
 }
 
+/* Queue c's replies for the flush at the end of this round (the shard's
+ * flush list): one send for all the replies a round completes. */
+static void
+conn_mark_flush (struct shard *s, struct conn *c)
+{
+  if (c->flush_pending)
+    return;
+  c->flush_pending = true;
+  c->flush_next = s->flush_list;
+  s->flush_list = c;
+}
+
+static void
+conn_flush_marked (struct shard *s)
+{
+  while (s->flush_list) {
+    struct conn *c = s->flush_list;
+    s->flush_list = c->flush_next;
+    c->flush_pending = false;
+    conn_flush (c);               /* may free c */
+  }
+}
+
 /* A finished request, reply already built: queue it behind the others. */
-void
+static void
 conn_on_complete (struct request *r)
 {
   struct conn *c = r->conn;
@@ -494,7 +502,133 @@ conn_on_complete (struct request *r)
       && !(c->read_block & (CONN_READ_SEND_FULL | CONN_READ_CLOSING | CONN_READ_STARTTLS))
       && send_pending (c) == SEND_CLOSE)
     c->read_block |= CONN_READ_CLOSING;  /* stop parsing; conn_flush closes */
-  shard_mark_flush (c->shard, c);
+  conn_mark_flush (c->shard, c);
+}
+
+/* Requests workers and the plugin's aio finished (shard.c, after each
+ * wake-up): queue them, send, and let pool waiters retry. */
+static void
+conn_completed (struct shard *s, struct request *done)
+{
+  while (done) {
+    struct request *r = done;
+    done = r->next;
+    conn_on_complete (r);
+  }
+  conn_flush_marked (s);
+  conn_wake_waiters (s);
+}
+
+/* ---- requests: from the parser to the shard ------------------------- */
+
+/* Run r (shard.c); a reply built at once is queued here. */
+static inline void
+conn_dispatch (struct request *r)
+{
+  if (shard_dispatch (r))
+    conn_on_complete (r);
+}
+
+/* The parser handed back: do what it asks.  False: stop parsing. */
+static bool
+conn_take (struct conn *c, enum protocol_next next, struct request *r);
+
+/* Park c until pool buffers come back (conn_wake_waiters). */
+static void
+conn_wait_buffers (struct conn *c)
+{
+  struct shard *s = c->shard;
+  if (c->read_block & CONN_READ_BUFFERS)
+    return;
+  c->read_block |= CONN_READ_BUFFERS;
+  c->wait_next = s->waiters;
+  s->waiters = c;
+}
+
+/* Buffers came back: let waiting connections try again.  Each waiter
+ * needs only its one buffer to move on; resuming schedules its read
+ * callback rather than running it, so the list is stable while we walk. */
+static void
+conn_wake_waiters (struct shard *s)
+{
+  struct conn **pp = &s->waiters;
+  while (*pp) {
+    struct conn *c = *pp;
+    struct request *r = NULL;
+    enum protocol_next next = protocol_retry_stalled (c, &r);
+    if (next != PROTOCOL_STALLED) {
+      *pp = c->wait_next;
+      c->read_block &= ~CONN_READ_BUFFERS;
+      /* A WRITE's payload is left to the read callback resuming runs:
+       * it parses as the stream allows (CLOSING, a full socket). */
+      if (next != PROTOCOL_PAYLOAD)
+        conn_take (c, next, r);
+      conn_resume_reading (c);
+    }
+    else
+      pp = &c->wait_next;
+  }
+  /* A retried request may have run inline and queued its reply. */
+  conn_flush_marked (s);
+}
+
+/* The buffered part of c->recv_req's payload into its place (the pool
+ * buffer, or the pieces the plugin placed it in); true once it is whole. */
+static bool
+payload_from_rbuf (struct conn *c)
+{
+  struct request *r = c->recv_req;
+  struct iovec v;
+  while (c->roff < c->rlen && protocol_payload_iov (r, c->recv_have, &v, 1) == 1) {
+    size_t avail = c->rlen - c->roff;
+    size_t k = v.iov_len < avail ? v.iov_len : avail;
+    memcpy (v.iov_base, c->rbuf + c->roff, k);
+    c->recv_have += k;
+    c->roff += k;
+  }
+  return c->recv_have >= r->count;
+}
+
+static bool
+conn_take (struct conn *c, enum protocol_next next, struct request *r)
+{
+  switch (next) {
+  case PROTOCOL_RUN:
+    conn_dispatch (r);
+    return true;
+  case PROTOCOL_ANSWER:
+    conn_on_complete (r);
+    return true;
+  case PROTOCOL_PAYLOAD:
+    if (!payload_from_rbuf (c))
+      return false;                 /* read_some reads the rest */
+    r = c->recv_req;
+    c->recv_req = NULL;
+    conn_dispatch (r);
+    return true;
+  case PROTOCOL_STALLED:
+    conn_wait_buffers (c);
+    return false;
+  case PROTOCOL_WAIT:
+  case PROTOCOL_CLOSE:
+    break;
+  }
+  return false;
+}
+
+/* Transmission: parse requests from rbuf and start each; 0 to go on
+ * reading, -1 to close. */
+static int
+conn_parse (struct conn *c)
+{
+  for (;;) {
+    struct request *r = NULL;
+    enum protocol_next next = protocol_consume (c, &r);
+    if (next == PROTOCOL_CLOSE)
+      return -1;
+    if (!conn_take (c, next, r))
+      return 0;
+  }
 }
 
 /* ---- input --------------------------------------------------------- */
@@ -507,13 +641,13 @@ process_input (struct conn *c)
     size_t avail = c->rlen - c->roff;
     if (handshake_consume (c) == -1)
       return -1;
-    if (c->olen - c->ooff > OBUF_PAUSE)
+    if (c->out.len - c->out.off > OBUF_PAUSE)
       return 0;                     /* conn_pump pauses until it drains */
     if (c->phase == before && c->rlen - c->roff == avail)
       return 0;                     /* needs more bytes */
   }
   if (c->phase == CONN_TRANSMISSION)
-    return protocol_consume (c);
+    return conn_parse (c);
   return 0;
 }
 
@@ -694,7 +828,7 @@ conn_pump (struct conn *c, bool do_read)
       pause_reading (c);
       break;
     }
-    if (c->olen - c->ooff > OBUF_PAUSE) {
+    if (c->out.len - c->out.off > OBUF_PAUSE) {
       pause_reading (c);
       break;
     }
@@ -740,12 +874,12 @@ conn_on_read (evutil_socket_t fd, short what, void *arg)
   if (cfg.idle_timeout)
     c->t_active = now_ns ();       /* vDSO: no syscall */
   conn_pump (c, true);
-  shard_flush_marked (s);
+  conn_flush_marked (s);
   /* Replies just sent gave buffers back; a connection parked on the pool
    * (maybe this one) can go on.  Nothing else would wake it when the
    * socket took every byte. */
   if (s->waiters)
-    shard_wake_waiters (s);
+    conn_wake_waiters (s);
   log_current = NULL;
 }
 
@@ -762,7 +896,7 @@ conn_on_stall (evutil_socket_t fd, short what, void *arg)
   log_current = NULL;
 }
 
-void
+static void
 conn_resume_reading (struct conn *c)
 {
   if (c->fd < 0 || (c->read_block & CONN_READ_CLOSING) || c->phase == CONN_CLOSING)
@@ -837,7 +971,7 @@ conn_handoff_ready (const struct conn *c)
   return c->handoff && c->fd >= 0 && !c->tls && c->phase == CONN_TRANSMISSION
          && !(c->read_block & CONN_READ_CLOSING) && c->inflight == 0 && !c->recv_req
          && !c->stalled_req && !c->discard_left && c->rlen == c->roff && !c->sendq_head
-         && c->olen == c->ooff;
+         && c->out.len == c->out.off;
 }
 
 /* Release requests that never reached the plugin. */
@@ -892,7 +1026,7 @@ conn_maybe_free (struct conn *c)
   bool closing = c->fd < 0 || (c->read_block & CONN_READ_CLOSING);
   if (!closing)
     return false;
-  if (c->fd >= 0 && (c->sendq_head || c->olen > c->ooff || tls_unsent (c)))
+  if (c->fd >= 0 && (c->sendq_head || c->out.len > c->out.off || tls_unsent (c)))
     return false;                   /* still sending the last replies */
   if (c->fd >= 0) {
     drop_unstarted (c);
@@ -908,6 +1042,16 @@ conn_maybe_free (struct conn *c)
 
   struct shard *s = c->shard;
   log_debug ("connection closed");
+  for (struct conn **pp = &s->waiters; *pp; pp = &(*pp)->wait_next)
+    if (*pp == c) {
+      *pp = c->wait_next;
+      break;
+    }
+  for (struct conn **pp = &s->flush_list; *pp; pp = &(*pp)->flush_next)
+    if (*pp == c) {
+      *pp = c->flush_next;
+      break;
+    }
   backend_conn_fini (&c->pc);
   tls_free (c);
   if (c->prev)
@@ -926,7 +1070,7 @@ conn_maybe_free (struct conn *c)
   if (s->last_reader == c)
     s->last_reader = NULL;          /* a new conn may get this address */
   free (c->rbuf);
-  free (c->obuf);
+  free (c->out.data);
   free (c->export_name);
   if (log_current == &c->log)
     log_current = NULL;
@@ -935,3 +1079,46 @@ conn_maybe_free (struct conn *c)
   free (c);
   return true;
 }
+
+/* ---- the shard's side ------------------------------------------------ */
+
+/* Timeouts: handshake not finished, or idle (nothing in flight, or
+ * replies the client is not reading: a client that stops reading must not
+ * hold its buffers for ever).  Once a second (shard.c). */
+static void
+conn_sweep (struct shard *s)
+{
+  uint64_t now = now_ns ();
+  const uint64_t sec = 1000000000;
+
+  for (struct conn *c = s->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->fd < 0)
+      continue;
+    log_current = &c->log;
+    if (c->phase != CONN_TRANSMISSION && c->phase != CONN_CLOSING && cfg.handshake_timeout
+        && now - c->t_created >= cfg.handshake_timeout * sec) {
+      log_info ("handshake not finished after %u s; closing", cfg.handshake_timeout);
+      conn_close_now (c);
+    }
+    else if (c->phase == CONN_TRANSMISSION && cfg.idle_timeout
+             && (c->inflight == 0 || c->sendq_head || c->out.len > c->out.off || tls_unsent (c))
+             && now - c->t_active >= cfg.idle_timeout * sec) {
+      log_info ("idle for %u s; closing", cfg.idle_timeout);
+      conn_close_now (c);
+    }
+    log_current = NULL;
+  }
+  /* Connections closed above gave their buffers back: let waiters retry. */
+  if (s->waiters)
+    conn_wake_waiters (s);
+}
+
+const struct shard_conn_ops conn_shard_ops = {
+  .open = conn_new,
+  .start = conn_start,
+  .completed = conn_completed,
+  .sweep = conn_sweep,
+  .shutdown = conn_shutdown,
+  .close_now = conn_close_now,
+};

@@ -28,7 +28,8 @@ send_option_reply (struct conn *c, uint32_t option, uint32_t reply,
     .magic = htobe64 (NBD_REP_MAGIC), .option = htobe32 (option),
     .reply = htobe32 (reply), .length = htobe32 (len),
   };
-  if (conn_out_append (c, &h, sizeof h) == -1 || (len && conn_out_append (c, data, len) == -1))
+  if (outbuf_append (&c->out, &h, sizeof h) == -1
+      || (len && outbuf_append (&c->out, data, len) == -1))
     return -1;
   return 0;
 }
@@ -57,7 +58,7 @@ handshake_start (struct conn *c)
   memcpy (g + 8, &m2, 8);
   memcpy (g + 16, &flags, 2);
   c->phase = CONN_HS_CLIENT_FLAGS;
-  if (conn_out_append (c, g, sizeof g) == -1)
+  if (outbuf_append (&c->out, g, sizeof g) == -1)
     c->read_block |= CONN_READ_CLOSING;
 }
 
@@ -240,7 +241,7 @@ opt_export_name (struct conn *c, const uint8_t *d, uint32_t len)
   memcpy (r, &size, 8);
   memcpy (r + 8, &flags, 2);
   memset (r + 10, 0, 124);
-  if (conn_out_append (c, r, c->no_zeroes ? 10 : sizeof r) == -1)
+  if (outbuf_append (&c->out, r, c->no_zeroes ? 10 : sizeof r) == -1)
     return -1;
   c->phase = CONN_TRANSMISSION;
   return 0;

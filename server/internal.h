@@ -4,31 +4,46 @@
 /* The life of a request, and the function at each step (file):
  *
  *  accept     on_accept (listen.c) → shard_handoff → the shard's eventfd →
- *             shard_on_notify → conn_new, conn_start (conn.c)
+ *             shard_on_notify → conn_shard_ops.open/.start: conn_new,
+ *             conn_start (conn.c)
  *  handshake  conn_on_read → conn_pump → read_some, process_input →
- *             handshake_consume (handshake.c; tls.c after STARTTLS) until
- *             the phase is CONN_TRANSMISSION
- *  parse      protocol_consume (protocol.c): request_get from the shard's
- *             pool, protocol_validate, attach_buffer (a WRITE's payload is
- *             read by read_some into its buffer first); or park on the pool
- *             with shard_wait_buffers, retried by protocol_retry_stalled
- *  dispatch   start_request → shard_dispatch (shard.c): protocol_start_aio
+ *             handshake_consume (handshake.c; tls.c after STARTTLS; its
+ *             replies go into c->out, outbuf.c) until the phase is
+ *             CONN_TRANSMISSION
+ *  parse      conn_parse (conn.c) → protocol_consume (protocol.c):
+ *             request_get (request.c), protocol_validate, attach_buffer;
+ *             it returns what conn.c does next: RUN, ANSWER (an error
+ *             reply), PAYLOAD (conn.c copies a WRITE's buffered payload in,
+ *             read_some reads the rest straight into its buffer) or
+ *             STALLED (conn_wait_buffers; conn_wake_waiters retries it
+ *             with protocol_retry_stalled)
+ *  dispatch   conn_dispatch → shard_dispatch (shard.c): protocol_start_aio
  *             when the plugin completes requests itself (aio: its thread
- *             calls shard_complete), else inline on the shard thread, or
- *             queue_push (queue.c) to a worker that runs shard_run_request
+ *             runs shard_aio_done → protocol_aio_finish, shard_complete),
+ *             else inline on the shard thread (returns true: conn.c queues
+ *             the reply), or queue_push (queue.c) to a worker that runs
+ *             shard_run_request
  *  backend    protocol_execute → backend (layer stack): backend_pread,
  *             backend_pwrite, ... on c->pc.top (backend.c), down through
  *             filters and the cache to the plugin (docs/ARCHITECTURE.md);
  *             timed by delayacct_plugin_begin/end (delayacct.h)
  *  reply      protocol_execute builds the reply iovecs (put_simple,
  *             put_error, put_read_reply); inline: conn_on_complete; from a
- *             worker: shard_complete → shard_on_notify → conn_on_complete,
- *             which queues it on the connection and shard_mark_flush
- *  send       shard_flush_marked → conn_flush → send_pending (one sendmsg
+ *             worker: shard_complete → shard_on_notify →
+ *             conn_shard_ops.completed (conn_completed) → conn_on_complete,
+ *             which queues it on the connection and conn_mark_flush
+ *  send       conn_flush_marked → conn_flush → send_pending (one sendmsg
  *             for many replies, tls_sendv under TLS, sendfile for lent file
  *             data) → request_free: delayacct_done, request_put
  *
- * Back-pressure at any step stops reading; why is c->read_block. */
+ * Back-pressure at any step stops reading; why is c->read_block.
+ *
+ * Layering: each file calls only files below it (test-build-layering.py):
+ * request.c, outbuf.c < protocol.c, handshake.c < shard.c < conn.c <
+ * listen.c, restart.c, main.c.  The only ways up are function pointers
+ * the upper file registers: struct shard_conn_ops (conn.c's, given to
+ * shard_start_all) and restart.c's conn_handoff_hook and
+ * shard_conn_gone_hook (set by restart_init). */
 #ifndef BLKD_INTERNAL_H
 #define BLKD_INTERNAL_H
 
@@ -259,7 +274,7 @@ void iobuf_put (struct iobuf_pool *p, struct iobuf *b);
 void *iobuf_desc_get (struct iobuf_pool *p);
 void iobuf_desc_put (struct iobuf_pool *p, void *desc);
 
-/* ---- requests (protocol.c) ------------------------------------------ */
+/* ---- requests (request.c; replies built by protocol.c) ----------------- */
 
 #define REQ_MAX_CHUNKS 16         /* sparse read: data/hole chunks at most */
 /* Lent pieces one reply can carry: every iovec but the header's. */
@@ -333,9 +348,17 @@ enum ext_payload protocol_ext_payload (const struct conn *c, struct request *r,
 int protocol_validate (struct conn *c, const struct request *r);
 /* Run the plugin call for r (shard thread or worker). */
 void protocol_execute (struct request *r);
-/* Start r with the plugin's aio call (shard thread): true when started
- * (or failed at once and answered); false: run it with protocol_execute. */
-bool protocol_start_aio (struct request *r);
+/* Start r with the plugin's aio call (shard thread), which calls complete
+ * from the plugin's thread when done. */
+enum protocol_aio {
+  PROTOCOL_AIO_DECLINED,          /* not for aio: run it with protocol_execute */
+  PROTOCOL_AIO_STARTED,           /* the plugin has it until complete is called */
+  PROTOCOL_AIO_ANSWERED,          /* failed at once: its reply is built */
+};
+enum protocol_aio protocol_start_aio (struct request *r,
+                                      void (*complete) (struct blkd_aio *, int));
+/* In complete: build the reply of the request a belongs to; returns it. */
+struct request *protocol_aio_finish (struct blkd_aio *a, int err);
 uint32_t protocol_nbd_error (int err, const struct request *r);
 /* Where a WRITE's payload from byte `have` on goes: at most max iovecs
  * (the pool buffer, or the pieces of a placed write); 0 when complete. */
@@ -343,6 +366,16 @@ unsigned protocol_payload_iov (struct request *r, uint32_t have, struct iovec *v
                                unsigned max);
 /* The request's lent memory or placed payload goes back to the plugin. */
 void protocol_release (struct request *r);
+
+/* ---- output buffers (outbuf.c) ---------------------------------------- */
+
+/* Bytes queued for a socket: data[off, len) is unsent. */
+struct outbuf {
+  uint8_t *data;
+  size_t len, off, cap;
+};
+/* Append; -1 (errno ENOMEM) leaves the buffer as it was. */
+int outbuf_append (struct outbuf *o, const void *data, size_t len);
 
 /* ---- connections (conn.c) ------------------------------------------- */
 
@@ -399,9 +432,9 @@ struct conn {
   struct request *stalled_req;    /* parsed, waiting for a pool buffer */
   uint32_t skip_option;           /* option too big: answered once skipped */
 
-  /* Output: handshake bytes, then replies in completion order. */
-  uint8_t *obuf;
-  size_t olen, ooff, ocap;
+  /* Output: handshake bytes (written by handshake.c), then replies in
+   * completion order. */
+  struct outbuf out;
   struct request *sendq_head, *sendq_tail;
   size_t sendq_bytes;             /* reply bytes queued, not yet sent */
   bool stall_expired;             /* the socket stayed full SEND_STALL_MS: parse
@@ -436,19 +469,20 @@ protocol_header_size (const struct conn *c)
   return c->extended ? sizeof (struct nbd_extended_request) : sizeof (struct nbd_request);
 }
 
-struct conn *conn_new (struct shard *s, int fd, const char *peer);
-void conn_start (struct conn *c);
-void conn_on_complete (struct request *r);       /* shard thread */
+/* What the shards call connections through (shard_start_all). */
+extern const struct shard_conn_ops conn_shard_ops;
 void conn_flush (struct conn *c);
 void conn_shutdown (struct conn *c);             /* drain, then close */
-void conn_resume_reading (struct conn *c);
-int conn_out_append (struct conn *c, const void *data, size_t len);
 void conn_close_now (struct conn *c);
 /* Live restart: stop (on) or resume (off) taking new requests. */
 void conn_quiesce (struct conn *c, bool on);
 /* Quiesced, nothing in flight, nothing buffered either way: the socket
  * can change hands between two requests. */
 bool conn_handoff_ready (const struct conn *c);
+/* A quiesced connection moved on (flushed, or a request finished): set
+ * by restart.c at start-up (restart_init), called only for connections
+ * it quiesced. */
+extern void (*conn_handoff_hook) (struct conn *c);
 
 /* ---- TLS (tls.c) ------------------------------------------------------ */
 
@@ -480,10 +514,24 @@ void handshake_block_sizes (struct conn *c, uint32_t *min, uint32_t *pref, uint3
 int handshake_consume (struct conn *c);
 
 /* ---- transmission input (protocol.c) --------------------------------- */
-/* Consume requests from c->rbuf; 0 to continue, -1 to close. */
-int protocol_consume (struct conn *c);
-/* Retry a request that waited for a buffer; true if it went through. */
-bool protocol_retry_stalled (struct conn *c);
+/* What the parser hands its caller (conn.c), which does the rest: the
+ * parser reads no payload and runs nothing. */
+enum protocol_next {
+  PROTOCOL_WAIT,                  /* nothing more until input comes or a block clears */
+  PROTOCOL_CLOSE,                 /* protocol error: answer what came, then close */
+  PROTOCOL_RUN,                   /* *out is complete: dispatch it */
+  PROTOCOL_ANSWER,                /* *out failed, its error reply built: queue it */
+  PROTOCOL_PAYLOAD,               /* c->recv_req's payload is next in the stream:
+                                     read it in (protocol_payload_iov), then dispatch */
+  PROTOCOL_STALLED,               /* c->stalled_req waits for a pool buffer: park c
+                                     until buffers return, then protocol_retry_stalled */
+};
+/* Parse from c->rbuf up to the next thing the caller must do. */
+enum protocol_next protocol_consume (struct conn *c, struct request **out);
+/* Retry a request that waited for a buffer: PROTOCOL_STALLED while the
+ * pool is still at its bound, else as protocol_consume (PROTOCOL_WAIT:
+ * nothing to do but read on). */
+enum protocol_next protocol_retry_stalled (struct conn *c, struct request **out);
 
 /* ---- shards (shard.c) ------------------------------------------------ */
 
@@ -494,14 +542,15 @@ struct shard {
   int notify_fd;                  /* eventfd: handoffs and completions */
   struct event *ev_notify;
   pthread_mutex_t lock;           /* guards the two lists below */
-  int *new_fds; char (*new_peers)[64]; size_t n_new, cap_new;
+  struct shard_new { int fd; char peer[64]; } *new_conns;   /* handed over */
+  size_t n_new, cap_new;
   struct request *done_head, *done_tail;  /* completed by workers */
   struct conn *conns;             /* shard thread only */
   unsigned nconns;
   atomic_uint nconns_shared;      /* for the acceptor's balancing */
   struct iobuf_pool *pool;
-  struct conn *waiters;           /* conns waiting for pool buffers */
-  struct conn *flush_list;        /* conns with replies queued this round */
+  struct conn *waiters;           /* conns waiting for pool buffers (conn.c) */
+  struct conn *flush_list;        /* conns with replies queued this round (conn.c) */
   struct event *ev_drain_timeout;
   struct event *ev_sweep;         /* once a second: handshake/idle timeouts */
   struct queue *queue;            /* this shard's work queue (split mode) */
@@ -517,15 +566,30 @@ struct shard {
 extern struct shard *shards;
 extern int nshards;
 
-int shard_start_all (void);
+/* The one path from the shards up to the connections: conn.c's
+ * conn_shard_ops, given to shard_start_all.  Everything else goes down
+ * (conn.c calls shard_dispatch and shard_conn_gone). */
+struct shard_conn_ops {
+  /* A socket handed over (or adopted): the connection, NULL + errno. */
+  struct conn *(*open) (struct shard *s, int fd, const char *peer);
+  void (*start) (struct conn *c);               /* greet the client */
+  /* After each wake-up: requests workers or the plugin's aio finished
+   * (linked by next, replies built; may be NULL): queue and send them,
+   * and let connections waiting for pool buffers retry. */
+  void (*completed) (struct shard *s, struct request *done);
+  void (*sweep) (struct shard *s);              /* once a second: timeouts */
+  void (*shutdown) (struct conn *c);            /* drain, then close */
+  void (*close_now) (struct conn *c);
+};
+
+int shard_start_all (const struct shard_conn_ops *ops);
 void shard_stop_all (void);      /* drain connections, join threads */
 void shard_handoff (int fd, const char *peer);
 void shard_complete (struct request *r);          /* worker → shard */
-void shard_dispatch (struct request *r);          /* inline or to workers */
-void shard_wake_waiters (struct shard *s);
-void shard_wait_buffers (struct shard *s, struct conn *c);
-void shard_mark_flush (struct shard *s, struct conn *c);
-void shard_flush_marked (struct shard *s);
+/* Run r: with the plugin's aio, inline, or on a worker.  True when its
+ * reply is built already (inline, or failed at once): the caller queues
+ * it; false: it comes back through the ops' completed. */
+bool shard_dispatch (struct request *r);
 void shard_conn_gone (struct shard *s, struct conn *c);
 unsigned shard_total_conns (void);
 /* Run fn on s's thread, after what it has queued (main thread); -1 when
@@ -534,6 +598,9 @@ int shard_call (struct shard *s, void (*fn) (struct shard *, void *), void *arg)
 /* A connection that did not come through the acceptor (a live restart's),
  * counted as shard_handoff counts; on s's thread.  NULL + errno. */
 struct conn *shard_conn_adopt (struct shard *s, int fd, const char *peer);
+/* A connection of s was freed: set by restart.c at start-up (a quiescing
+ * shard may now be ready); NULL: nobody asks. */
+extern void (*shard_conn_gone_hook) (struct shard *s);
 
 /* ---- work queues (queue.c) ------------------------------------------- */
 
@@ -546,7 +613,13 @@ void queue_stop (struct queue *q);               /* join workers, free */
 
 /* ---- listeners (listen.c) -------------------------------------------- */
 
-int listen_setup (void);                          /* -1 + message */
+/* Sockets another image left us (restart_listeners): added with add,
+ * their count returned (0: none, -1: failed). */
+typedef int listen_inherited_fn (int (*add) (int fd), bool *unix_created);
+/* inherited: where sockets from an earlier image come from (main.c
+ * passes restart_listeners; listen.c never calls up into restart.c).
+ * -1 + message. */
+int listen_setup (listen_inherited_fn *inherited);
 int listen_start (struct event_base *main_base);
 void listen_stop (void);
 void listen_cleanup (void);                       /* unlink Unix socket */
@@ -587,9 +660,6 @@ int restart_exec (void);
 void restart_ready (void);
 /* Exit path, once the shards are stopped, before the main loop is freed. */
 void restart_cleanup (void);
-/* Hooks: a quiesced connection moved on (conn.c), one left (shard.c). */
-void restart_conn_progress (struct conn *c);
-void restart_shard_conn_gone (struct shard *s);
 uint64_t restart_count (void);
 uint64_t restart_handed_total (void);
 

@@ -232,16 +232,16 @@ selinux_socket_label (const char *label)
   return 0;
 }
 
-static int listen_bind (void);
+static int listen_bind (listen_inherited_fn *inherited);
 
 int
-listen_setup (void)
+listen_setup (listen_inherited_fn *inherited)
 {
   if (cfg.single)
     return setup_single ();
   if (cfg.selinux_label && selinux_socket_label (cfg.selinux_label) == -1)
     return -1;
-  int r = listen_bind ();
+  int r = listen_bind (inherited);
   if (cfg.selinux_label && selinux_socket_label (NULL) == -1)
     r = -1;
   return r;
@@ -250,10 +250,10 @@ listen_setup (void)
 /* Binds what the command line asks for and writes the URI --run and
  * --print-uri give: nbds:// when TLS is required, as nbdkit does. */
 static int
-listen_bind (void)
+listen_bind (listen_inherited_fn *inherited)
 {
   /* A live restart's sockets, else systemd's; n > 0 skips binding. */
-  int n = restart_listeners (add_fd, &created_unix_socket);
+  int n = inherited ? inherited (add_fd, &created_unix_socket) : 0;
   if (n == 0)
     n = setup_socket_activation ();
   if (n < 0)

@@ -768,7 +768,7 @@ main (int argc, char **argv)
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }
-  if (listen_setup () == -1) {
+  if (listen_setup (restart_listeners) == -1) {
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }
@@ -823,7 +823,7 @@ main (int argc, char **argv)
   sigaddset (&block, SIGCHLD);
   sigaddset (&block, SIGUSR2);
   pthread_sigmask (SIG_BLOCK, &block, &old);
-  int r = shard_start_all ();
+  int r = shard_start_all (&conn_shard_ops);
   pthread_sigmask (SIG_SETMASK, &old, NULL);
   if (r == -1) {
     exit_code = EXIT_FAILURE;

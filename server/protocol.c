@@ -28,52 +28,6 @@
  * buys; the client asks again for the rest. */
 #define EXTENTS_CALLS_MAX 1024    /* 2 TiB at least */
 
-static void
-request_reset (struct request *r)
-{
-  /* Exactly the fields read before anything writes them; the kilobyte
-   * of reply space after them is written before it is sent. */
-  r->next = NULL;
-  r->conn = NULL;
-  r->error = 0;
-  r->buf = NULL;
-  r->niov = 0;
-  r->iov_sent = 0;
-  r->nlent = 0;
-  r->held = 0;
-  r->placed = false;
-  r->send_len = 0;
-}
-
-/* --iobuf=calloc is the comparison: allocate and zero each request, free
- * it when done.  The pool mode recycles descriptors and resets only the
- * fields request_reset names. */
-struct request *
-request_get (struct iobuf_pool *p)
-{
-  struct request *r;
-
-  if (cfg.iobuf == IOBUF_CALLOC)
-    r = calloc (1, sizeof *r);      /* blind zeroing of ~1 KiB, each time */
-  else {
-    r = iobuf_desc_get (p);
-    if (!r)
-      r = malloc (sizeof *r);
-  }
-  if (r)
-    request_reset (r);
-  return r;
-}
-
-void
-request_put (struct iobuf_pool *p, struct request *r)
-{
-  if (cfg.iobuf == IOBUF_CALLOC)
-    free (r);
-  else
-    iobuf_desc_put (p, r);
-}
-
 /* The one place errno becomes an NBD error (nbdkit's mapping). */
 uint32_t
 protocol_nbd_error (int err, const struct request *r)
@@ -741,12 +695,13 @@ protocol_execute (struct request *r)
 
 /* ---- asynchronous requests (blkd's extension) ------------------------ */
 
-/* The plugin's completion, on its own thread: the reply is built here, as
- * a worker builds it, and r goes back to its shard the way a worker's
- * request does (shard_complete).  r->conn stays allocated meanwhile: r
- * counts in its inflight, so a hangup waits for this. */
-static void
-aio_complete (struct blkd_aio *a, int err)
+/* The plugin's completion, on its own thread (through the function the
+ * shard gave protocol_start_aio): the reply is built here, as a worker
+ * builds it, and the caller hands r back to its shard the way a worker's
+ * request goes.  r->conn stays allocated meanwhile: r counts in its
+ * inflight, so a hangup waits for this. */
+struct request *
+protocol_aio_finish (struct blkd_aio *a, int err)
 {
   struct request *r = (struct request *) ((char *) a - offsetof (struct request, aio));
 
@@ -758,13 +713,13 @@ aio_complete (struct blkd_aio *a, int err)
   }
   finish_request (r, err);
   log_current = NULL;
-  shard_complete (r);
+  return r;
 }
 
 /* Reads that would be split by extents or lent, and placed writes, keep
  * their synchronous paths: the aio calls move whole buffers only. */
-bool
-protocol_start_aio (struct request *r)
+enum protocol_aio
+protocol_start_aio (struct request *r, void (*complete) (struct blkd_aio *, int))
 {
   struct conn *c = r->conn;
   struct context *top = c->pc.top;
@@ -773,22 +728,22 @@ protocol_start_aio (struct request *r)
   void *buf = NULL;
 
   if (!backend_aio_ready (top))
-    return false;
+    return PROTOCOL_AIO_DECLINED;
   /* The aio calls take the plugin API's 32-bit count: a longer TRIM or
    * WRITE_ZEROES (extended headers) is split by the synchronous path. */
   if (r->count > UINT32_MAX)
-    return false;
+    return PROTOCOL_AIO_DECLINED;
   switch (r->type) {
   case NBD_CMD_READ:
     if (read_wants_extents (r))
-      return false;
+      return PROTOCOL_AIO_DECLINED;
     op = BACKEND_AIO_PREAD;
     buf = r->buf->data;
     flags = 0;
     break;
   case NBD_CMD_WRITE:
     if (r->placed)
-      return false;
+      return PROTOCOL_AIO_DECLINED;
     op = BACKEND_AIO_PWRITE;
     buf = r->buf->data;
     break;
@@ -805,11 +760,11 @@ protocol_start_aio (struct request *r)
              | (r->flags & NBD_CMD_FLAG_FAST_ZERO ? NBDKIT_FLAG_FAST_ZERO : 0);
     break;
   default:
-    return false;
+    return PROTOCOL_AIO_DECLINED;
   }
 
   log_current = &c->log;
-  r->aio.complete = aio_complete;
+  r->aio.complete = complete;
   /* Limit, admitted: when the plugin declines this one request (ENOTSUP)
    * the synchronous path times it again, and --delayacct=locked then
    * counts its queued time twice. */
@@ -819,13 +774,12 @@ protocol_start_aio (struct request *r)
   int rc = backend_aio (top, op, buf, r->count, r->offset, flags, &r->aio, &err);
   backend_unlock_request (&c->pc);
   if (rc == 0)
-    return true;                    /* r belongs to the plugin until complete */
+    return PROTOCOL_AIO_STARTED;    /* r belongs to the plugin until complete */
   if (err == ENOTSUP)
-    return false;
+    return PROTOCOL_AIO_DECLINED;
   delayacct_plugin_end (r, r->aio_t0);
   finish_request (r, err);
-  conn_on_complete (r);
-  return true;
+  return PROTOCOL_AIO_ANSWERED;
 }
 
 /* ---- input --------------------------------------------------------- */
@@ -970,67 +924,75 @@ attach_buffer (struct conn *c, struct request *r)
   return true;
 }
 
-/* The request has everything it needs: run it or queue it. */
-static void
-start_request (struct conn *c, struct request *r)
+/* The request has everything it needs but a WRITE's payload: the caller
+ * runs it (*out), or reads the payload into it first (c->recv_req). */
+static enum protocol_next
+start_request (struct conn *c, struct request *r, struct request **out)
 {
   if (r->type == NBD_CMD_WRITE) {
     c->recv_req = r;
     c->recv_have = 0;
-    return;
+    return PROTOCOL_PAYLOAD;
   }
-  shard_dispatch (r);
+  *out = r;
+  return PROTOCOL_RUN;
 }
 
-static void
-fail_request (struct conn *c, struct request *r, int err)
+/* The error reply for r, for the caller to queue. */
+static enum protocol_next
+answer_error (struct request *r, int err, struct request **out)
 {
   r->error = err;
   put_error (r);
-  conn_on_complete (r);
+  *out = r;
+  return PROTOCOL_ANSWER;
 }
 
 /* A request that fails while its payload is still on the way is answered
  * only once that payload is skipped: a client matches a reply only to a
  * request it has finished sending (libnbd calls any other a server bug
- * and gives up on the connection). */
-static void
+ * and gives up on the connection).  True when it is answered now (no
+ * payload): its reply is built. */
+static bool
 fail_after_payload (struct conn *c, struct request *r, int err, uint64_t payload)
 {
-  if (payload == 0) {
-    fail_request (c, r, err);
-    return;
-  }
   r->error = err;
+  if (payload == 0) {
+    put_error (r);
+    return true;
+  }
   c->discard_left = payload;
   c->discard_req = r;
+  return false;
 }
 
-bool
-protocol_retry_stalled (struct conn *c)
+enum protocol_next
+protocol_retry_stalled (struct conn *c, struct request **out)
 {
   struct request *r = c->stalled_req;
   if (!r)
-    return true;
+    return PROTOCOL_WAIT;
   if (!attach_buffer (c, r)) {
     if (errno == ENOBUFS)
-      return false;
+      return PROTOCOL_STALLED;
     c->stalled_req = NULL;
-    fail_after_payload (c, r, ENOMEM, r->type == NBD_CMD_WRITE ? r->count : 0);
-    return true;
+    if (fail_after_payload (c, r, ENOMEM, r->type == NBD_CMD_WRITE ? r->count : 0)) {
+      *out = r;
+      return PROTOCOL_ANSWER;
+    }
+    return PROTOCOL_WAIT;
   }
   c->stalled_req = NULL;
-  start_request (c, r);
-  return true;
+  return start_request (c, r, out);
 }
 
-int
-protocol_consume (struct conn *c)
+enum protocol_next
+protocol_consume (struct conn *c, struct request **out)
 {
   for (;;) {
     if (c->stalled_req || c->phase != CONN_TRANSMISSION
         || (c->read_block & (CONN_READ_CLOSING | CONN_READ_SEND_FULL)))
-      return 0;
+      return PROTOCOL_WAIT;
     uint8_t *in = c->rbuf + c->roff;
     size_t avail = c->rlen - c->roff;
 
@@ -1039,49 +1001,34 @@ protocol_consume (struct conn *c)
       c->roff += k;
       c->discard_left -= k;
       if (c->discard_left)
-        return 0;
+        return PROTOCOL_WAIT;
       if (c->discard_req) {
         struct request *failed = c->discard_req;
         c->discard_req = NULL;
-        fail_request (c, failed, failed->error);
+        return answer_error (failed, failed->error, out);
       }
       continue;
     }
-    if (c->recv_req) {
-      struct request *r = c->recv_req;
-      struct iovec v;
-      while (avail > 0 && protocol_payload_iov (r, c->recv_have, &v, 1) == 1) {
-        size_t k = v.iov_len < avail ? v.iov_len : avail;
-        memcpy (v.iov_base, in, k);
-        in += k;
-        avail -= k;
-        c->recv_have += k;
-        c->roff += k;
-      }
-      if (c->recv_have < r->count)
-        return 0;
-      c->recv_req = NULL;
-      shard_dispatch (r);
-      continue;
-    }
+    if (c->recv_req)
+      return PROTOCOL_PAYLOAD;
     if (c->inflight >= cfg.max_inflight)
-      return 0;
+      return PROTOCOL_WAIT;
     struct protocol_header h;
     ssize_t hlen = protocol_parse_header (c->extended, in, avail, &h);
     if (hlen == 0)
-      return 0;
+      return PROTOCOL_WAIT;
     if (hlen < 0) {
       uint32_t magic;
       memcpy (&magic, in, 4);
       log_error ("bad request magic 0x%08x (%s headers negotiated); closing",
                  be32toh (magic), c->extended ? "extended" : "compact");
-      return -1;
+      return PROTOCOL_CLOSE;
     }
     c->roff += hlen;
     struct request *r = request_get (c->shard->pool);
     if (!r) {
       log_error ("out of memory for a request; closing");
-      return -1;
+      return PROTOCOL_CLOSE;
     }
     r->conn = c;
     r->cookie = h.cookie;
@@ -1096,7 +1043,7 @@ protocol_consume (struct conn *c)
       request_put (c->shard->pool, r);
       c->inflight--;
       c->read_block |= CONN_READ_CLOSING;
-      return 0;
+      return PROTOCOL_WAIT;
     }
     uint64_t payload = 0;
     enum ext_payload ep = c->extended ? protocol_ext_payload (c, r, &payload)
@@ -1104,30 +1051,33 @@ protocol_consume (struct conn *c)
     if (ep == EXT_PAYLOAD_CLOSE) {
       request_put (c->shard->pool, r);
       c->inflight--;
-      return -1;
+      return PROTOCOL_CLOSE;
     }
     delayacct_parsed (c, r);
     int err = ep == EXT_PAYLOAD_REFUSE ? EINVAL : protocol_validate (c, r);
     if (err) {
       /* Keep in step with the stream: skip a WRITE's payload, or with
        * extended headers a payload no command takes. */
-      fail_after_payload (c, r, err, r->type == NBD_CMD_WRITE ? r->count : payload);
+      if (fail_after_payload (c, r, err, r->type == NBD_CMD_WRITE ? r->count : payload)) {
+        *out = r;
+        return PROTOCOL_ANSWER;
+      }
       continue;
     }
-    if (r->type == NBD_CMD_WRITE && place_payload (c, r)) {
-      start_request (c, r);
-      continue;
-    }
+    if (r->type == NBD_CMD_WRITE && place_payload (c, r))
+      return start_request (c, r, out);
     if (!attach_buffer (c, r)) {
       if (errno == ENOBUFS) {
         log_debug ("buffer pool at its bound: reading paused until buffers return");
         c->stalled_req = r;
-        shard_wait_buffers (c->shard, c);
-        return 0;
+        return PROTOCOL_STALLED;
       }
-      fail_after_payload (c, r, ENOMEM, r->type == NBD_CMD_WRITE ? r->count : 0);
+      if (fail_after_payload (c, r, ENOMEM, r->type == NBD_CMD_WRITE ? r->count : 0)) {
+        *out = r;
+        return PROTOCOL_ANSWER;
+      }
       continue;
     }
-    start_request (c, r);
+    return start_request (c, r, out);
   }
 }

@@ -111,6 +111,8 @@ static atomic_ullong restarts, handed_total;
 static bool adopting;
 static uint32_t in_flags;
 static int in_listen[MAX_LISTEN], n_in_listen;
+static void restart_conn_progress (struct conn *c);
+static void restart_shard_conn_gone (struct shard *s);
 static struct handed *in_conns;
 static unsigned n_in_conns;
 
@@ -764,6 +766,10 @@ store_init (void)
 void
 restart_init (void)
 {
+  /* The hooks conn.c and shard.c report through (set before the shards
+   * start, so their threads only ever read them). */
+  conn_handoff_hook = restart_conn_progress;
+  shard_conn_gone_hook = restart_shard_conn_gone;
   const char *env = getenv (RESTART_ENV);
   if (!env) {
     store_init ();
@@ -928,14 +934,14 @@ shard_check (struct shard *s)
   report (r);
 }
 
-void
+static void
 restart_conn_progress (struct conn *c)
 {
   if (conn_handoff_ready (c))
     shard_check (c->shard);
 }
 
-void
+static void
 restart_shard_conn_gone (struct shard *s)
 {
   struct rs_shard *r = atomic_load_explicit (&rs, memory_order_acquire);
@@ -1218,30 +1224,15 @@ restart_begin (struct event_base *main_base, bool store)
 /* ---- exec ------------------------------------------------------------ */
 
 struct writer {
-  uint8_t *buf;
-  size_t len, cap;
+  struct outbuf out;
   bool bad;
 };
 
 static void
 wr (struct writer *w, const void *p, size_t n)
 {
-  if (w->bad)
-    return;
-  if (w->len + n > w->cap) {
-    size_t cap = w->cap ? w->cap * 2 : 4096;
-    while (cap < w->len + n)
-      cap *= 2;
-    uint8_t *b = realloc (w->buf, cap);
-    if (!b) {
-      w->bad = true;
-      return;
-    }
-    w->buf = b;
-    w->cap = cap;
-  }
-  memcpy (w->buf + w->len, p, n);
-  w->len += n;
+  if (!w->bad && outbuf_append (&w->out, p, n) == -1)
+    w->bad = true;
 }
 
 static void wr32 (struct writer *w, uint32_t v) { wr (w, &v, 4); }
@@ -1289,8 +1280,8 @@ write_state (bool slots)
     }
   int fd = w.bad ? -1 : memfd_create ("blkd-restart", 0);   /* no CLOEXEC: for exec */
   size_t off = 0;
-  while (fd >= 0 && off < w.len) {
-    ssize_t n = write (fd, w.buf + off, w.len - off);
+  while (fd >= 0 && off < w.out.len) {
+    ssize_t n = write (fd, w.out.data + off, w.out.len - off);
     if (n <= 0) {
       close (fd);
       fd = -1;
@@ -1300,7 +1291,7 @@ write_state (bool slots)
   }
   if (fd < 0)
     log_error ("live restart: cannot write the state: %m");
-  free (w.buf);
+  free (w.out.data);
   return fd;
 }
 

@@ -11,12 +11,16 @@
 
 #include "internal.h"
 #include "delayacct.h"
+#include "vector.h"
 
 struct shard *shards;
 int nshards;
 static struct queue *global_queue;     /* --queue=global: one for all */
 static atomic_uint total_conns;        /* handed over and not yet freed */
 static atomic_uint next_shard;
+void (*shard_conn_gone_hook) (struct shard *s);
+/* The connections' side (conn.c's conn_shard_ops): the shard's one way up. */
+static const struct shard_conn_ops *conn_ops;
 
 unsigned
 shard_total_conns (void)
@@ -48,21 +52,35 @@ dispatch_inline (void)
   return backend_inline_safe ();
 }
 
-void
+/* The plugin's aio completion, on its thread: build the reply, then back
+ * to the shard as from a worker. */
+static void
+shard_aio_done (struct blkd_aio *a, int err)
+{
+  shard_complete (protocol_aio_finish (a, err));
+}
+
+bool
 shard_dispatch (struct request *r)
 {
   struct shard *s = r->conn->shard;
 
   /* A plugin that completes requests itself (aio) needs no thread here. */
-  if (protocol_start_aio (r))
-    return;
+  switch (protocol_start_aio (r, shard_aio_done)) {
+  case PROTOCOL_AIO_STARTED:
+    return false;
+  case PROTOCOL_AIO_ANSWERED:
+    return true;
+  case PROTOCOL_AIO_DECLINED:
+    break;
+  }
   if (dispatch_inline ()) {
     log_current = &r->conn->log;
     protocol_execute (r);
-    conn_on_complete (r);
-    return;
+    return true;
   }
   queue_push (global_queue ? global_queue : s->queue, r);
+  return false;
 }
 
 /* A worker's job: run the request, then hand it back to its shard. */
@@ -95,73 +113,11 @@ shard_complete (struct request *r)
     shard_notify (s);
 }
 
-/* ---- replies and waiting ------------------------------------------- */
-
-void
-shard_mark_flush (struct shard *s, struct conn *c)
-{
-  if (c->flush_pending)
-    return;
-  c->flush_pending = true;
-  c->flush_next = s->flush_list;
-  s->flush_list = c;
-}
-
-void
-shard_flush_marked (struct shard *s)
-{
-  while (s->flush_list) {
-    struct conn *c = s->flush_list;
-    s->flush_list = c->flush_next;
-    c->flush_pending = false;
-    conn_flush (c);               /* may free c */
-  }
-}
-
-void
-shard_wait_buffers (struct shard *s, struct conn *c)
-{
-  if (c->read_block & CONN_READ_BUFFERS)
-    return;
-  c->read_block |= CONN_READ_BUFFERS;
-  c->wait_next = s->waiters;
-  s->waiters = c;
-}
-
-/* Buffers came back: let waiting connections try again.  Each waiter
- * needs only its one buffer to move on; resuming schedules its read
- * callback rather than running it, so the list is stable while we walk. */
-void
-shard_wake_waiters (struct shard *s)
-{
-  struct conn **pp = &s->waiters;
-  while (*pp) {
-    struct conn *c = *pp;
-    if (protocol_retry_stalled (c)) {
-      *pp = c->wait_next;
-      c->read_block &= ~CONN_READ_BUFFERS;
-      conn_resume_reading (c);
-    }
-    else
-      pp = &c->wait_next;
-  }
-  /* A retried request may have run inline and queued its reply. */
-  shard_flush_marked (s);
-}
+/* ---- connections leaving ------------------------------------------ */
 
 void
 shard_conn_gone (struct shard *s, struct conn *c)
 {
-  for (struct conn **pp = &s->waiters; *pp; pp = &(*pp)->wait_next)
-    if (*pp == c) {
-      *pp = c->wait_next;
-      break;
-    }
-  for (struct conn **pp = &s->flush_list; *pp; pp = &(*pp)->flush_next)
-    if (*pp == c) {
-      *pp = c->flush_next;
-      break;
-    }
   atomic_fetch_sub (&s->nconns_shared, 1);
   atomic_fetch_sub (&total_conns, 1);
   /* -s: its one client has gone.  Through the hook main.c sets, so
@@ -170,7 +126,8 @@ shard_conn_gone (struct shard *s, struct conn *c)
     public_shutdown_hook ();
   if (s->draining && s->nconns == 0)
     event_base_loopbreak (s->base);
-  restart_shard_conn_gone (s);
+  if (shard_conn_gone_hook)
+    shard_conn_gone_hook (s);
 }
 
 /* ---- hand-over from the acceptor ------------------------------------ */
@@ -191,26 +148,19 @@ shard_handoff (int fd, const char *peer)
   atomic_fetch_add (&total_conns, 1);
 
   pthread_mutex_lock (&best->lock);
-  if (best->n_new == best->cap_new) {
-    size_t ncap = best->cap_new ? best->cap_new * 2 : 16;
-    int *nf = realloc (best->new_fds, ncap * sizeof *nf);
-    char (*np)[64] = nf ? realloc (best->new_peers, ncap * sizeof *np) : NULL;
-    if (nf)
-      best->new_fds = nf;
-    if (np)
-      best->new_peers = np;
-    if (!nf || !np) {
-      pthread_mutex_unlock (&best->lock);
-      log_error ("shard %d: out of memory handing over %s", best->index, peer);
-      close (fd);
-      atomic_fetch_sub (&best->nconns_shared, 1);
-      atomic_fetch_sub (&total_conns, 1);
-      return;
-    }
-    best->cap_new = ncap;
+  struct shard_new *nv = vec_grow (best->new_conns, &best->cap_new, best->n_new + 1,
+                                   sizeof *nv, 16);
+  if (!nv) {
+    pthread_mutex_unlock (&best->lock);
+    log_error ("shard %d: out of memory handing over %s", best->index, peer);
+    close (fd);
+    atomic_fetch_sub (&best->nconns_shared, 1);
+    atomic_fetch_sub (&total_conns, 1);
+    return;
   }
-  best->new_fds[best->n_new] = fd;
-  snprintf (best->new_peers[best->n_new], 64, "%s", peer);
+  best->new_conns = nv;
+  nv[best->n_new].fd = fd;
+  snprintf (nv[best->n_new].peer, sizeof nv->peer, "%s", peer);
   best->n_new++;
   pthread_mutex_unlock (&best->lock);
   shard_notify (best);
@@ -259,7 +209,7 @@ shard_conn_adopt (struct shard *s, int fd, const char *peer)
 {
   atomic_fetch_add (&s->nconns_shared, 1);
   atomic_fetch_add (&total_conns, 1);
-  struct conn *c = conn_new (s, fd, peer);
+  struct conn *c = conn_ops->open (s, fd, peer);
   if (!c) {
     atomic_fetch_sub (&s->nconns_shared, 1);
     atomic_fetch_sub (&total_conns, 1);
@@ -277,7 +227,7 @@ shard_drain_timeout (evutil_socket_t fd, short what, void *arg)
    * workers; the last free breaks the loop (shard_conn_gone). */
   for (struct conn *c = s->conns, *next; c; c = next) {
     next = c->next;
-    conn_close_now (c);
+    conn_ops->close_now (c);
   }
 }
 
@@ -288,32 +238,7 @@ static void
 shard_sweep (evutil_socket_t fd, short what, void *arg)
 {
   struct shard *s = arg;
-  uint64_t now = now_ns ();
-  const uint64_t sec = 1000000000;
-
-  for (struct conn *c = s->conns, *next; c; c = next) {
-    next = c->next;
-    if (c->fd < 0)
-      continue;
-    log_current = &c->log;
-    if (c->phase != CONN_TRANSMISSION && c->phase != CONN_CLOSING && cfg.handshake_timeout
-        && now - c->t_created >= cfg.handshake_timeout * sec) {
-      log_info ("handshake not finished after %u s; closing", cfg.handshake_timeout);
-      conn_close_now (c);
-    }
-    /* Idle: nothing in flight, or replies the client is not reading (a
-     * client that stops reading must not hold its buffers for ever). */
-    else if (c->phase == CONN_TRANSMISSION && cfg.idle_timeout
-             && (c->inflight == 0 || c->sendq_head || c->olen > c->ooff || tls_unsent (c))
-             && now - c->t_active >= cfg.idle_timeout * sec) {
-      log_info ("idle for %u s; closing", cfg.idle_timeout);
-      conn_close_now (c);
-    }
-    log_current = NULL;
-  }
-  /* Connections closed above gave their buffers back: let waiters retry. */
-  if (s->waiters)
-    shard_wake_waiters (s);
+  conn_ops->sweep (s);
 }
 
 static void
@@ -328,7 +253,7 @@ shard_begin_drain (struct shard *s)
   }
   for (struct conn *c = s->conns, *next; c; c = next) {
     next = c->next;
-    conn_shutdown (c);
+    conn_ops->shutdown (c);
   }
   s->ev_drain_timeout = evtimer_new (s->base, shard_drain_timeout, s);
   struct timeval tv = { .tv_sec = 10 };
@@ -350,46 +275,36 @@ shard_on_notify (evutil_socket_t fd, short what, void *arg)
   struct shard_call *calls = s->calls;
   s->calls = NULL;
   size_t n_new = s->n_new;
-  int *fds = NULL;
-  char (*peers)[64] = NULL;
+  struct shard_new *nc = NULL;
   if (n_new) {
-    fds = s->new_fds;
-    peers = s->new_peers;
-    s->new_fds = NULL;
-    s->new_peers = NULL;
+    nc = s->new_conns;
+    s->new_conns = NULL;
     s->n_new = s->cap_new = 0;
   }
   pthread_mutex_unlock (&s->lock);
 
-  while (done) {
-    struct request *r = done;
-    done = r->next;
-    conn_on_complete (r);
-  }
-  shard_flush_marked (s);
-  shard_wake_waiters (s);
+  conn_ops->completed (s, done);
 
   for (size_t i = 0; i < n_new; i++) {
     if (s->draining || atomic_load (&server_stopping)) {
-      close (fds[i]);
+      close (nc[i].fd);
       atomic_fetch_sub (&s->nconns_shared, 1);
       atomic_fetch_sub (&total_conns, 1);
       continue;
     }
-    struct conn *c = conn_new (s, fds[i], peers[i]);
+    struct conn *c = conn_ops->open (s, nc[i].fd, nc[i].peer);
     if (!c) {
-      log_error ("shard %d: cannot set up connection from %s: %m", s->index, peers[i]);
+      log_error ("shard %d: cannot set up connection from %s: %m", s->index, nc[i].peer);
       if (cfg.single && public_shutdown_hook)
         public_shutdown_hook ();
-      close (fds[i]);
+      close (nc[i].fd);
       atomic_fetch_sub (&s->nconns_shared, 1);
       atomic_fetch_sub (&total_conns, 1);
       continue;
     }
-    conn_start (c);
+    conn_ops->start (c);
   }
-  free (fds);
-  free (peers);
+  free (nc);
   /* After the new connections: a live restart's quiesce must see them. */
   shard_run_calls (s, calls);
 
@@ -447,9 +362,10 @@ shard_main (void *arg)
 }
 
 int
-shard_start_all (void)
+shard_start_all (const struct shard_conn_ops *ops)
 {
   bool need_workers = !dispatch_inline ();
+  conn_ops = ops;
   nshards = cfg.shards;
   /* One connection may hold a quarter of its shard's pool (at least one
    * largest request), so a client that never reads its replies cannot
@@ -535,9 +451,8 @@ shard_stop_all (void)
   for (int i = 0; i < nshards; i++) {
     struct shard *s = &shards[i];
     for (size_t j = 0; j < s->n_new; j++)
-      close (s->new_fds[j]);
-    free (s->new_fds);
-    free (s->new_peers);
+      close (s->new_conns[j].fd);
+    free (s->new_conns);
     shard_run_calls (NULL, s->calls);   /* too late to run */
     if (s->ev_drain_timeout)
       event_free (s->ev_drain_timeout);

@@ -98,7 +98,7 @@ def hoarders():
     t_active when send_pending() moves bytes, let shard_sweep() drop a
     transmission connection that has nothing in flight *or* replies
     queued, once t_active is older than the limit, and call
-    shard_wake_waiters() at the end of the sweep (the closed connections'
+    conn_wake_waiters() at the end of the sweep (the closed connections'
     buffers are what the others wait for).  Verified: with that diff
     (docs/RELIABILITY.md) this and idle-timeout-after-long-request pass,
     and so does every hostile and limits test."""
