@@ -61,6 +61,20 @@ def perf_counts(path):
     return out
 
 
+def per_request(iops, n, srv_user_s, srv_sys_s, client_us, sp, fp):
+    """One run's result: the server's CPU and both sides' perf counts per
+    request (the client's under "fio" whichever client ran)."""
+    s, f = perf_counts(sp), perf_counts(fp)
+    return {
+        "iops": iops, "n": n,
+        "srv_cpu_us": (srv_user_s + srv_sys_s) * 1e6 / n,
+        "srv_user_us": srv_user_s * 1e6 / n,
+        "fio_cpu_us": client_us,
+        "srv": {k: v / n for k, v in s.items()},
+        "fio": {k: v / n for k, v in f.items()},
+    }
+
+
 def run_one(spec, a, tmp):
     argv = shlex.split(spec)
     port = free_port()
@@ -105,15 +119,9 @@ def run_one(spec, a, tmp):
         j = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
         io = j["read"] if j["read"]["io_bytes"] else j["write"]
         n = io["total_ios"] or 1
-        s, f = perf_counts(sp), perf_counts(fp)
-        return {
-            "iops": io["iops"], "n": n,
-            "srv_cpu_us": ((u1 - u0) + (s1 - s0)) * 1e6 / n,
-            "srv_user_us": (u1 - u0) * 1e6 / n,
-            "fio_cpu_us": (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["job_runtime"] * 1e3 / n,
-            "srv": {k: v / n for k, v in s.items()},
-            "fio": {k: v / n for k, v in f.items()},
-        }
+        return per_request(io["iops"], n, u1 - u0, s1 - s0,
+                           (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["job_runtime"] * 1e3 / n,
+                           sp, fp)
     finally:
         srv.send_signal(signal.SIGTERM)
         try:
@@ -146,16 +154,8 @@ def run_blkperf_counted(a, srv, uri, sp, fp, perf, u0, s0):
     if out.returncode != 0:
         raise RuntimeError("blkperf failed: %s" % out.stderr)
     r = parse_blkperf(out.stdout)
-    n = r["requests"] or 1
-    s, f = perf_counts(sp), perf_counts(fp)
-    return {
-        "iops": r["iops"], "n": n,
-        "srv_cpu_us": ((u1 - u0) + (s1 - s0)) * 1e6 / n,
-        "srv_user_us": (u1 - u0) * 1e6 / n,
-        "fio_cpu_us": r["client_us_req"] or 0,
-        "srv": {k: v / n for k, v in s.items()},
-        "fio": {k: v / n for k, v in f.items()},
-    }
+    return per_request(r["iops"], r["requests"] or 1, u1 - u0, s1 - s0,
+                       r["client_us_req"] or 0, sp, fp)
 
 
 def fmt(d, keys):
