@@ -283,9 +283,10 @@ rbdp_get_is (const char *opt, const char *want)
  * completion's; off, the calling thread (blkd's event loop, nbdkit's
  * request thread) runs librbd's dispatch itself.  What could make that
  * thread wait is kept from it: librados' op throttle (rbdp_cap_ops), and
- * the writeback ObjectCacher (rbd_cache_policy=writeback), which stalls
- * a writer while its dirty data drains, so with that policy librbd's
- * default stays.  rbd_non_blocking_aio= as a parameter overrides both. */
+ * the writeback ObjectCacher told to stall a writer in the aio call itself
+ * while its dirty data drains (rbd_cache_block_writes_upfront=true; by
+ * default it delays the completion instead), with which librbd's default
+ * stays.  rbd_non_blocking_aio= as a parameter overrides both. */
 static int
 rbdp_apply_ceph_opts (void)
 {
@@ -295,8 +296,7 @@ rbdp_apply_ceph_opts (void)
     if (rbdp_set (rbdp_ceph_opts[i].key, rbdp_ceph_opts[i].value) == -1)
       return -1;
   if (!rbdp_ceph_opt ("rbd_non_blocking_aio") &&
-      !(rbdp_get_is ("rbd_cache", "true") &&
-        rbdp_get_is ("rbd_cache_policy", "writeback")) &&
+      !rbdp_get_is ("rbd_cache_block_writes_upfront", "true") &&
       rbdp_set ("rbd_non_blocking_aio", "false") == -1)
     return -1;
   rbdp_aio_inline = rbdp_get_is ("rbd_non_blocking_aio", "false");
