@@ -94,7 +94,7 @@ DEPS_STEP = deps
 endif
 endif
 
-.PHONY: all deps run check install uninstall clean dist bench bench-anchors
+.PHONY: all deps run check install uninstall clean dist bench bench-anchors bench-write
 all: blkd
 
 # The binary always lands at the top of the tree so ./blkd runs uninstalled;
@@ -154,6 +154,15 @@ bench-anchors: deps all
 	@mkdir -p build
 	/usr/bin/python3 bench/anchors.py --rounds $(ROUNDS) --seconds $(SECONDS) $(ANCHORS_ARGS) \
 	  --out build/bench-anchors.md --json build/bench-anchors.json
+
+# The 256 KiB WRITE and READ rows alone, blkperf pinned apart: nbdkit's
+# memory against blkd's memory and ram (ANCHORS_ARGS="--blkd NAME=PATH"
+# adds another build); build/bench-write.md.
+bench-write: deps all
+	@mkdir -p build
+	/usr/bin/python3 bench/anchors.py --part targets --clients blkperf \
+	  --workloads "256k write,256k read" --rounds $(ROUNDS) --seconds $(SECONDS) $(ANCHORS_ARGS) \
+	  --out build/bench-write.md --json build/bench-write.json
 
 # Each seed's before/after experiment, reproduced with blkperf against
 # blkd's switches (and the cache and delay-accounting A/B scripts); the

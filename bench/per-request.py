@@ -11,11 +11,18 @@ reversed on alternate rounds, each on a fresh process with the plugin
 prefilled (reads measure data, not holes).  Counting uses perf's syscall
 tracepoints (perf stat -p), so it needs perf and permission to trace.
 
+With --client blkperf the load is blkperf pinned apart from the server
+(server on the last CPU, blkperf on CPU 0), as the anchors' targets rows
+run it, and blkperf's own CPU per request is shown where fio's is.
+
 Usage: bench/per-request.py [--rounds N] [--seconds S] [--plugin memory]
           [--rw write --bs 256k --iodepth 16] [--prefill-bs 1M]
-          [--env VAR=VALUE] SERVER [SERVER ...]
+          [--client fio|blkperf] [--env VAR=VALUE] SERVER [SERVER ...]
 Example: bench/per-request.py --rw write --bs 256k --iodepth 16 \\
           nbdkit ./blkd "./blkd --poll-us 0"
+The 256 KiB WRITE row, pinned apart (make bench-write-counts):
+         bench/per-request.py --client blkperf --rw write --bs 256k \\
+          --iodepth 16 nbdkit ./blkd
 """
 
 import argparse
@@ -30,7 +37,13 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchors import TOP, free_port, proc_cpu, wait_port  # noqa: E402
+from anchors import BLKPERF, TOP, free_port, proc_cpu, wait_port  # noqa: E402
+from benchlib import (CLIENT_PIN, NCPU, SERVER_CPU, blkperf_argv, parse_blkperf,  # noqa: E402
+                      pin)
+
+# fio's --rw as blkperf's test.
+BLKPERF_TEST = {"read": "STREAM_READ", "write": "STREAM_WRITE", "randread": "RAND_READ",
+                "randwrite": "RAND_WRITE"}
 
 SYSCALLS = ["read", "readv", "recvfrom", "recvmsg", "write", "writev", "sendto", "sendmsg",
             "epoll_wait", "poll", "ppoll", "futex", "setsockopt", "mmap", "munmap", "madvise"]
@@ -46,6 +59,20 @@ def perf_counts(path):
             if len(v) > 2 and v[0] and v[0][0].isdigit():
                 out[v[2].replace("syscalls:sys_enter_", "")] = float(v[0])
     return out
+
+
+def per_request(iops, n, srv_user_s, srv_sys_s, client_us, sp, fp):
+    """One run's result: the server's CPU and both sides' perf counts per
+    request (the client's under "fio" whichever client ran)."""
+    s, f = perf_counts(sp), perf_counts(fp)
+    return {
+        "iops": iops, "n": n,
+        "srv_cpu_us": (srv_user_s + srv_sys_s) * 1e6 / n,
+        "srv_user_us": srv_user_s * 1e6 / n,
+        "fio_cpu_us": client_us,
+        "srv": {k: v / n for k, v in s.items()},
+        "fio": {k: v / n for k, v in f.items()},
+    }
 
 
 def run_one(spec, a, tmp):
@@ -77,6 +104,8 @@ def run_one(spec, a, tmp):
         perf = subprocess.Popen(["perf", "stat", "-x,", "-e", ",".join(EVENTS), "-p",
                                  str(srv.pid), "-o", sp])
         time.sleep(0.2)
+        if a.client == "blkperf":
+            return run_blkperf_counted(a, srv, uri, sp, fp, perf, u0, s0)
         out = subprocess.run(["perf", "stat", "-x,", "-e", ",".join(EVENTS), "-o", fp] +
                              fio_base + ["--name=b", "--rw=" + a.rw, "--bs=" + a.bs,
                                          "--iodepth=%d" % a.iodepth, "--time_based",
@@ -90,15 +119,9 @@ def run_one(spec, a, tmp):
         j = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
         io = j["read"] if j["read"]["io_bytes"] else j["write"]
         n = io["total_ios"] or 1
-        s, f = perf_counts(sp), perf_counts(fp)
-        return {
-            "iops": io["iops"], "n": n,
-            "srv_cpu_us": ((u1 - u0) + (s1 - s0)) * 1e6 / n,
-            "srv_user_us": (u1 - u0) * 1e6 / n,
-            "fio_cpu_us": (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["job_runtime"] * 1e3 / n,
-            "srv": {k: v / n for k, v in s.items()},
-            "fio": {k: v / n for k, v in f.items()},
-        }
+        return per_request(io["iops"], n, u1 - u0, s1 - s0,
+                           (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["job_runtime"] * 1e3 / n,
+                           sp, fp)
     finally:
         srv.send_signal(signal.SIGTERM)
         try:
@@ -106,6 +129,33 @@ def run_one(spec, a, tmp):
         except subprocess.TimeoutExpired:
             srv.kill()
             srv.wait()
+
+
+def run_blkperf_counted(a, srv, uri, sp, fp, perf, u0, s0):
+    """One blkperf run pinned apart from the server (the server on the
+    last CPU for the run), counted like fio's."""
+    if a.rw not in BLKPERF_TEST:
+        raise SystemExit("--client blkperf: --rw must be one of %s" % ", ".join(BLKPERF_TEST))
+    pinned = NCPU > 1
+    if pinned:
+        pin(srv.pid, SERVER_CPU)
+    try:
+        out = subprocess.run(["perf", "stat", "-x,", "-e", ",".join(EVENTS), "-o", fp] +
+                             (CLIENT_PIN if pinned else []) +
+                             blkperf_argv(BLKPERF, uri, BLKPERF_TEST[a.rw], a.bs, a.iodepth, 1,
+                                          a.seconds),
+                             capture_output=True, text=True)
+        u1, s1 = proc_cpu(srv.pid)
+    finally:
+        if pinned:
+            pin(srv.pid, "0-%d" % (NCPU - 1))
+    perf.send_signal(signal.SIGINT)
+    perf.wait(10)
+    if out.returncode != 0:
+        raise RuntimeError("blkperf failed: %s" % out.stderr)
+    r = parse_blkperf(out.stdout)
+    return per_request(r["iops"], r["requests"] or 1, u1 - u0, s1 - s0,
+                       r["client_us_req"] or 0, sp, fp)
 
 
 def fmt(d, keys):
@@ -123,6 +173,8 @@ def main():
     ap.add_argument("--iodepth", type=int, default=16)
     ap.add_argument("--prefill-bs", default="1M")
     ap.add_argument("--env", action="append", default=[], help="VAR=VALUE for the servers")
+    ap.add_argument("--client", choices=["fio", "blkperf"], default="fio",
+                    help="the load: fio (unpinned), or blkperf pinned apart from the server")
     ap.add_argument("servers", nargs="+")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="blkd-per-request.")
@@ -135,11 +187,12 @@ def main():
             print("round %d %-30s %8.0f IOPS  server %6.1f us/req (user %5.1f)  fio %6.1f us/req"
                   % (rnd + 1, s, r["iops"], r["srv_cpu_us"], r["srv_user_us"], r["fio_cpu_us"]),
                   file=sys.stderr, flush=True)
-    print("%s %s QD%d, plugin %s, %d rounds of %gs, medians per request; load average %.2f"
-          % (a.rw, a.bs, a.iodepth, a.plugin, a.rounds, a.seconds, os.getloadavg()[0]))
+    pinned = " (blkperf pinned apart)" if a.client == "blkperf" else " (fio)"
+    print("%s %s QD%d%s, plugin %s, %d rounds of %gs, medians per request; load average %.2f"
+          % (a.rw, a.bs, a.iodepth, pinned, a.plugin, a.rounds, a.seconds, os.getloadavg()[0]))
     print()
-    print("| server | IOPS (direction only) | server CPU µs (user) | fio CPU µs | "
-          "server syscalls, wake-ups, faults | fio syscalls, wake-ups |")
+    print("| server | IOPS (direction only) | server CPU µs (user) | %s CPU µs | "
+          "server syscalls, wake-ups, faults | %s syscalls, wake-ups |" % (a.client, a.client))
     print("|---|---|---|---|---|---|")
     for s, rs in res.items():
         def m(key, sub=None):

@@ -4,7 +4,9 @@
 # directly, no NBD hop) as the ceiling, on a throw-away one-node MemStore cluster.
 #
 #   bench/rbd.sh OUTDIR            (env: ROUNDS=3 RUN_SECONDS=10 SIZE=256M BLKD=./blkd
-#                                   WORKLOADS="randread-1 randread-4 randwrite-1 ...")
+#                                   WORKLOADS="randread-1 randread-4 randwrite-1 ..."
+#                                   SERVERS="blkd blkd-noaio qemu-nbd nbdkit-py librbd"
+#                                   AB="PARAM=VALUE ..." AB_OPTS="--blkd-option ...")
 #
 # Workloads (fio; NBD servers through fio's nbd engine): 4k random read and write
 # at QD32 on 1 connection and on 4 (4 jobs x QD32), 64 KiB and 1 MiB sequential
@@ -14,6 +16,16 @@
 # Per run: IOPS, MiB/s, and the server's CPU (utime+stime of all its threads,
 # librbd's included, from /proc/PID/stat) per request.  The librbd-direct rows
 # have no server: their CPU column is fio's process, librbd's threads included.
+# OUTDIR/rbd-threads.md splits each server's CPU and context switches per
+# request by thread kind (/proc/PID/task/*): the server's own event loops
+# (blkd.sN, qemu-nbd's main loop), blkd's workers (blkd.sN.wM), librados'
+# messenger (msgr-worker-N), librbd's io_context_pool (its op and completion
+# threads) and the rest (timers, ms_dispatch, log...).
+#
+# A knob's A/B: AB="rbd_non_blocking_aio=true" adds a server blkd-ab, blkd
+# with those plugin parameters added (any Ceph option works as one), and
+# AB_OPTS="--poll-us 0" adds blkd options to it; it runs in every round
+# beside blkd, on an image of its own.
 # blkd runs twice: with its aio path (the default) and with aio=false (the
 # plugin's synchronous calls on blkd's workers), so the extension's share is
 # measured, not assumed.
@@ -69,7 +81,15 @@ echo "uptime before: $(uptime)" | tee "$OUT/rbd.uptime"
 RBD_CLUSTER_BYTES=$((3 << 30)) "$TOP/tests/rbd/cluster.sh" start "$W/ceph"
 export CEPH_CONF=$W/ceph/ceph.conf
 
-SERVERS="blkd blkd-noaio qemu-nbd nbdkit-py librbd"
+SERVERS=${SERVERS:-"blkd blkd-noaio qemu-nbd nbdkit-py librbd"}
+AB=${AB:-}
+AB_OPTS=${AB_OPTS:-}
+if [ -n "$AB$AB_OPTS" ]; then
+  s2="blkd blkd-ab"
+  for s in $SERVERS; do case $s in blkd|blkd-ab) ;; *) s2="$s2 $s" ;; esac; done
+  SERVERS=$s2
+fi
+has() { case " $SERVERS " in *" $1 "*) return 0 ;; esac; return 1; }
 for s in $SERVERS; do
   timeout 60 rbd create --size "$SIZE" --image-feature layering,exclusive-lock "img-$s"
   timeout 600 rbd bench --io-type write --io-size 4M --io-pattern seq --io-total "$SIZE" \
@@ -91,15 +111,35 @@ start() {
   done
   cat "$W/$name.log" >&2; echo "bench/rbd.sh: $name did not start" >&2; exit 1
 }
-start blkd "$BLKD" -f -i 127.0.0.1 -p @PORT@ "$SO" conf="$CEPH_CONF" image=img-blkd
-start blkd-noaio "$BLKD" -f -i 127.0.0.1 -p @PORT@ "$SO" conf="$CEPH_CONF" image=img-blkd-noaio aio=false
+has blkd && start blkd "$BLKD" -f -i 127.0.0.1 -p @PORT@ "$SO" conf="$CEPH_CONF" image=img-blkd
+# shellcheck disable=SC2086 # AB and AB_OPTS are word lists
+has blkd-ab && start blkd-ab "$BLKD" -f -i 127.0.0.1 -p @PORT@ $AB_OPTS "$SO" conf="$CEPH_CONF" \
+  image=img-blkd-ab $AB
+has blkd-noaio && start blkd-noaio "$BLKD" -f -i 127.0.0.1 -p @PORT@ "$SO" conf="$CEPH_CONF" \
+  image=img-blkd-noaio aio=false
 # qemu-nbd: --shared=8 lets the 4-connection runs in; cache=none: no qemu cache above librbd's.
-start qemu-nbd qemu-nbd --persistent -b 127.0.0.1 -p @PORT@ -f raw --shared=8 --cache=none --aio=threads \
-  "rbd:rbd/img-qemu-nbd:conf=$CEPH_CONF"
-start nbdkit-py nbdkit -f -i 127.0.0.1 -p @PORT@ python "$TOP/bench/nbdkit-rbd.py" \
+has qemu-nbd && start qemu-nbd qemu-nbd --persistent -b 127.0.0.1 -p @PORT@ -f raw --shared=8 \
+  --cache=none --aio=threads "rbd:rbd/img-qemu-nbd:conf=$CEPH_CONF"
+has nbdkit-py && start nbdkit-py nbdkit -f -i 127.0.0.1 -p @PORT@ python "$TOP/bench/nbdkit-rbd.py" \
   conf="$CEPH_CONF" image=img-nbdkit-py
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# thread_snap PID FILE: per thread, its kind, CPU ticks and context switches.
+thread_snap() {
+  local t comm ticks cs
+  for t in /proc/"$1"/task/*; do
+    comm=$(cat "$t/comm" 2>/dev/null) || continue
+    ticks=$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12 + $13 }') || continue
+    cs=$(awk '/ctxt_switches/ { n += $2 } END { print n + 0 }' "$t/status" 2>/dev/null) || continue
+    case $comm in
+      blkd.s*.w*) echo "workers $ticks $cs" ;;
+      blkd.s*|qemu-nbd|nbdkit) echo "loop $ticks $cs" ;;
+      msgr-worker-*) echo "msgr $ticks $cs" ;;
+      io_context_poo*) echo "librbd-io $ticks $cs" ;;
+      *) echo "other $ticks $cs" ;;
+    esac
+  done >"$2"
+}
 HZ=$(getconf CLK_TCK)
 
 # fio_args WORKLOAD: rw, bs, iodepth, numjobs.
@@ -127,6 +167,7 @@ run() {
   fi
   pid=${SPID[$s]:-}
   t0=$([ -n "$pid" ] && cpu_ticks "$pid" || echo 0)
+  [ -z "$pid" ] || thread_snap "$pid" "$W/threads0"
   /usr/bin/time -f "%U %S" -o "$W/time.out" \
     fio --name="$s-$wl" "${eng[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$jobs" \
       --size="$SIZE" --time_based --runtime="$SECS" --ramp_time=1 --group_reporting \
@@ -134,10 +175,31 @@ run() {
     || { cat "$W/fio.err" >&2; echo "bench/rbd.sh: fio failed ($s $wl)" >&2; exit 1; }
   if [ -n "$pid" ]; then
     t1=$(cpu_ticks "$pid")
+    thread_snap "$pid" "$W/threads1"
     cpu=$(echo "($t1 - $t0) / $HZ" | bc -l)
   else
     cpu=$(awk '{ print $1 + $2 }' "$W/time.out")
+    : >"$W/threads0"; : >"$W/threads1"
   fi
+  # Per thread kind: CPU us and context switches per request, over the
+  # threads that lived through the whole run.
+  $PY - "$W/fio.json" "$s" "$wl" "$HZ" "$W/threads0" "$W/threads1" <<'EOF' >>"$W/threads"
+import json, sys
+from collections import defaultdict
+f, s, wl, hz, a, b = sys.argv[1:7]
+j = json.load(open(f))["jobs"][0]
+ios = max(j["read"]["total_ios"] + j["write"]["total_ios"], 1)
+def load(p):
+    d = defaultdict(lambda: [0, 0])
+    for line in open(p):
+        k, t, c = line.split()
+        d[k][0] += int(t); d[k][1] += int(c)
+    return d
+d0, d1 = load(a), load(b)
+for k in d1:
+    print(s, wl, k, "%.2f" % ((d1[k][0] - d0[k][0]) / int(hz) * 1e6 / ios),
+          "%.3f" % ((d1[k][1] - d0[k][1]) / ios))
+EOF
   # The CPU covers the whole run (ramp included), the requests only those
   # after the ramp: a slight overestimate, the same for every server.
   $PY - "$W/fio.json" "$s" "$wl" "$cpu" <<'EOF' | tee -a "$W/results"
@@ -152,6 +214,7 @@ EOF
 }
 
 : >"$W/results"
+: >"$W/threads"
 for ((r = 1; r <= ROUNDS; r++)); do
   echo "--- round $r of $ROUNDS"
   for wl in $WORKLOADS; do
@@ -160,7 +223,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 
 # rbd bench on the same cluster: librbd's own tool, 4k random, 32 threads.
-for t in read write; do
+has librbd && for t in read write; do
   ops=$(timeout 300 rbd bench --io-type "$t" --io-size 4K --io-threads 32 --io-pattern rand \
         --io-total $((SECS * 8000 * 4096)) img-librbd 2>/dev/null \
         | sed -nE 's/.*elapsed: *[0-9.]+ +ops: *[0-9]+ +ops\/sec: *([0-9.]+).*/\1/p')
@@ -198,6 +261,37 @@ for wl in wls:
         rc = "%.2f" % (c / bc) if bc and c and s not in ("librbd", "rbd-bench") else "-"
         cs = "%.1f" % c if s != "rbd-bench" else "-"
         lines.append("| %s | %s | %.0f | %.1f | %s | %s | %s |" % (wl, s, i, m, cs, ri, rc))
+open(out, "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF
+
+# Per thread kind, medians over the rounds: where each server's CPU per request goes.
+$PY - "$W/threads" "$OUT/rbd-threads.md" "$OUT/rbd.uptime" <<'EOF'
+import statistics, sys
+from collections import defaultdict
+res, out, up = sys.argv[1:4]
+v = defaultdict(list)
+for line in open(res):
+    s, wl, k, us, cs = line.split()
+    v[(wl, s, k)].append((float(us), float(cs)))
+kinds = ["loop", "workers", "msgr", "librbd-io", "other"]
+rows = list(dict.fromkeys((wl, s) for wl, s, _ in v))
+lines = ["# rbd: server CPU per request by thread kind (bench/rbd.sh)", "",
+         "Medians over the rounds: CPU us per request (context switches per request).",
+         "", "```", open(up).read().strip(), "```", "",
+         "| workload | server | " + " | ".join(kinds) + " | total |",
+         "|---" * (len(kinds) + 3) + "|"]
+for wl, s in rows:
+    cells, tu, tc = [], 0.0, 0.0
+    for k in kinds:
+        r = v.get((wl, s, k))
+        if not r:
+            cells.append("-")
+            continue
+        us = statistics.median(x[0] for x in r); cs = statistics.median(x[1] for x in r)
+        tu += us; tc += cs
+        cells.append("%.1f (%.2f)" % (us, cs))
+    lines.append("| %s | %s | %s | %.1f (%.2f) |" % (wl, s, " | ".join(cells), tu, tc))
 open(out, "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF

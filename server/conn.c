@@ -18,9 +18,9 @@
 #include "delayacct.h"
 
 #define RBUF_SIZE        (64 * 1024)
-/* A payload remainder at least this big is read straight into its buffer
- * (one copy fewer); smaller ones go through rbuf, so many small writes
- * arrive in one read() instead of one read() each. */
+/* A payload at least this big is read straight into its buffer (one copy
+ * fewer), to its last byte; smaller ones go through rbuf, so many small
+ * writes arrive in one read() instead of one read() each. */
 #define DIRECT_THRESHOLD (32 * 1024)
 #define READS_PER_EVENT  16           /* fairness among a shard's clients */
 #define SEND_IOV_MAX     64
@@ -416,6 +416,19 @@ conn_on_input (evutil_socket_t fd, short what, void *arg)
   conn_on_write (fd, what, arg);
 }
 
+/* Does the reply built for r send bytes from its pool buffer? */
+static bool
+reply_uses_buf (const struct request *r)
+{
+  const char *lo = r->buf->data, *hi = lo + r->buf->cap;
+  for (unsigned i = 0; i < r->niov; i++) {
+    const char *p = r->iov[i].iov_base;
+    if (p >= lo && p < hi)
+      return true;
+  }
+  return false;
+}
+
 /* Queue c's replies for the flush at the end of this round (the shard's
  * flush list): one send for all the replies a round completes. */
 static void
@@ -459,13 +472,19 @@ conn_on_complete (struct request *r)
   for (unsigned i = 0; i < r->niov; i++)
     c->sendq_bytes += r->iov[i].iov_len;
   c->sendq_bytes += r->send_len;
-  /* A reply that does not send from its pool buffer (lent memory, a file)
-   * gives it back now, not once the client has read the reply.  Lent
-   * memory still counts against the connection's share until it is sent:
-   * it pins the plugin's memory (a chunk replaced meanwhile stays alive
-   * for it), and a client that never reads must not pin more than the
-   * pool would let it hold.  A file's pages belong to the page cache. */
-  if (r->buf && (r->nlent || r->send_len)) {
+  /* A reply that does not send from its pool buffer (a WRITE's, whose
+   * payload the plugin has consumed; an error; lent memory; a file) gives
+   * it back now, not once the client has read the reply.  For a stream of
+   * WRITEs this is what keeps the payload buffer warm: replies go out in
+   * batches, and a buffer held until its reply left would make the next
+   * WRITEs take others, a buffer per request in the batch, whose lines the
+   * plugin's copy into its own (cold) memory has evicted by then; given
+   * back now, the next WRITE receives into the one the plugin just read.
+   * Lent memory still counts against the connection's share until it is
+   * sent: it pins the plugin's memory (a chunk replaced meanwhile stays
+   * alive for it), and a client that never reads must not pin more than
+   * the pool would let it hold.  A file's pages belong to the page cache. */
+  if (r->buf && (r->nlent || r->send_len || !reply_uses_buf (r))) {
     c->buf_bytes -= r->buf->cap;
     iobuf_put (c->shard->pool, r->buf);
     r->buf = NULL;
@@ -664,13 +683,16 @@ read_some (struct conn *c)
     c->read_drained = true;
     return -2;
   }
-  if (r && r->count - c->recv_have >= DIRECT_THRESHOLD && c->roff == c->rlen) {
+  if (r && r->count >= DIRECT_THRESHOLD && c->roff == c->rlen) {
     /* Into the payload's buffer, or the pieces the plugin placed it in,
      * and the next request's header into rbuf in the same readv: a client
      * with writes queued has it right behind the payload, and reading it
      * now saves the read (and often the epoll round) that would fetch it
      * alone.  Only the header: the next payload goes to its own buffer
-     * once the header says where.  TLS reads a record at a time. */
+     * once the header says where.  A big payload's short tail too: read
+     * into rbuf, it would bring the next big payload's first rbuf-full
+     * with it, and that would be copied out of rbuf again.  TLS reads a
+     * record at a time. */
     struct iovec v[8];
     unsigned nv = protocol_payload_iov (r, c->recv_have, v, c->tls ? 1 : 7);
     size_t payload = 0;

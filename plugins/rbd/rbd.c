@@ -17,6 +17,8 @@
  * so as many requests are in flight as the server has threads).  Under
  * blkd the same requests can be started without a waiting thread and
  * completed from librbd's completion thread (include/blkd-plugin.h).
+ * librbd runs on the calling thread (rbd_non_blocking_aio off, see
+ * rbdp_apply_ceph_opts), bounded so that it never waits there.
  *
  * FUA is the write followed by a flush of the image, chained in the
  * completion: librbd's cache (rbd cache = true by default) may hold a
@@ -48,6 +50,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -70,6 +73,24 @@ static unsigned rbdp_timeout;          /* 0: as long as the cluster waits */
 static unsigned rbdp_connect_timeout = 20;
 static bool rbdp_use_aio = true;      /* aio=false: blkd waits on workers */
 
+/* Ceph options given as plugin parameters (rbd_cache=false, ...): applied
+ * with rados_conf_set after the configuration file and CEPH_ARGS, so they
+ * win over both, as qemu's rbd:pool/image:key=value options do. */
+#define RBDP_MAX_CEPH_OPTS 32
+static struct { const char *key, *value; } rbdp_ceph_opts[RBDP_MAX_CEPH_OPTS];
+static unsigned rbdp_n_ceph_opts;
+
+/* The aio path's share of librados' op throttle (objecter_inflight_ops,
+ * objecter_inflight_op_bytes).  With rbd_non_blocking_aio off, librbd
+ * submits on the calling thread, which is blkd's event loop, and librados
+ * makes a submitter wait once the throttle is full (an OSD away, many
+ * clients): past these caps a request goes to blkd's workers instead
+ * (ENOTSUP), where waiting is allowed.  Half of each limit, so librbd's
+ * own ops and the workers' requests still find room. */
+static uint64_t rbdp_cap_ops, rbdp_cap_bytes;
+static atomic_uint_fast64_t rbdp_aio_ops, rbdp_aio_bytes;
+static bool rbdp_aio_inline;           /* rbd_non_blocking_aio is off */
+
 static rados_t rbdp_cluster;
 static rados_ioctx_t rbdp_io;
 static bool rbdp_connected;
@@ -82,6 +103,7 @@ struct rbdp_img {
   unsigned refs;
   rbd_image_t image;
   uint64_t size;
+  uint64_t obj_size;                  /* bytes per RADOS object */
   bool object_map;                    /* block status from rbd_diff_iterate2 */
 };
 
@@ -146,6 +168,18 @@ rbdp_config (const char *key, const char *value)
     rbdp_use_aio = b;
     return 0;
   }
+  else if (strchr (key, '_')) {
+    /* A Ceph option (the plugin's own keys have no underscore); whether
+     * Ceph knows it is checked when the cluster handle exists. */
+    if (rbdp_n_ceph_opts == RBDP_MAX_CEPH_OPTS) {
+      nbdkit_error ("rbd: more than %d Ceph options", RBDP_MAX_CEPH_OPTS);
+      return -1;
+    }
+    rbdp_ceph_opts[rbdp_n_ceph_opts].key = key;
+    rbdp_ceph_opts[rbdp_n_ceph_opts].value = value;
+    rbdp_n_ceph_opts++;
+    return 0;
+  }
   else {
     nbdkit_error ("rbd: unknown parameter '%s'", key);
     return -1;
@@ -204,9 +238,71 @@ rbdp_set (const char *opt, const char *val)
 {
   int r = rados_conf_set (rbdp_cluster, opt, val);
   if (r < 0) {
-    nbdkit_error ("rbd: setting %s=%s: %s", opt, val, strerror (-r));
+    nbdkit_error ("rbd: setting %s=%s: %s%s", opt, val, strerror (-r),
+                  r == -ENOENT ? " (not a Ceph option)" : "");
     return -1;
   }
+  return 0;
+}
+
+static const char *
+rbdp_ceph_opt (const char *key)
+{
+  unsigned i;
+
+  for (i = 0; i < rbdp_n_ceph_opts; i++)
+    if (strcmp (rbdp_ceph_opts[i].key, key) == 0)
+      return rbdp_ceph_opts[i].value;
+  return NULL;
+}
+
+static uint64_t
+rbdp_get_u64 (const char *opt)
+{
+  char buf[32];
+
+  if (rados_conf_get (rbdp_cluster, opt, buf, sizeof buf) < 0)
+    return 0;
+  return strtoull (buf, NULL, 10);
+}
+
+static bool
+rbdp_get_is (const char *opt, const char *want)
+{
+  char buf[32];
+
+  return rados_conf_get (rbdp_cluster, opt, buf, sizeof buf) == 0 &&
+         strcmp (buf, want) == 0;
+}
+
+/* The plugin's own Ceph settings, then the user's.
+ *
+ * rbd_non_blocking_aio defaults to off here (librbd's default is on):
+ * on, every aio call is handed to librbd's io_context_pool thread before
+ * it goes to the OSD, one more thread wake-up per request on top of the
+ * completion's; off, the calling thread (blkd's event loop, nbdkit's
+ * request thread) runs librbd's dispatch itself.  What could make that
+ * thread wait is kept from it: librados' op throttle (rbdp_cap_ops), and
+ * the writeback ObjectCacher told to stall a writer in the aio call itself
+ * while its dirty data drains (rbd_cache_block_writes_upfront=true; by
+ * default it delays the completion instead), with which librbd's default
+ * stays.  rbd_non_blocking_aio= as a parameter overrides both. */
+static int
+rbdp_apply_ceph_opts (void)
+{
+  unsigned i;
+
+  for (i = 0; i < rbdp_n_ceph_opts; i++)
+    if (rbdp_set (rbdp_ceph_opts[i].key, rbdp_ceph_opts[i].value) == -1)
+      return -1;
+  if (!rbdp_ceph_opt ("rbd_non_blocking_aio") &&
+      !rbdp_get_is ("rbd_cache_block_writes_upfront", "true") &&
+      rbdp_set ("rbd_non_blocking_aio", "false") == -1)
+    return -1;
+  rbdp_aio_inline = rbdp_get_is ("rbd_non_blocking_aio", "false");
+  /* 0 turns librados' throttle off. */
+  rbdp_cap_ops = rbdp_get_u64 ("objecter_inflight_ops") / 2 ?: UINT64_MAX;
+  rbdp_cap_bytes = rbdp_get_u64 ("objecter_inflight_op_bytes") / 2 ?: UINT64_MAX;
   return 0;
 }
 
@@ -256,6 +352,8 @@ rbdp_after_fork (void)
   }
   if (rbdp_keyring && rbdp_set ("keyring", rbdp_keyring) == -1)
     goto fail;
+  if (rbdp_apply_ceph_opts () == -1)
+    goto fail;
   snprintf (secs, sizeof secs, "%u", rbdp_connect_timeout);
   if (rbdp_set ("client_mount_timeout", secs) == -1)
     goto fail;
@@ -287,10 +385,12 @@ rbdp_after_fork (void)
   }
   rbdp_closer_running = true;
   rbdp_connected = true;
-  nbdkit_debug ("rbd: connected to cluster '%s' as %s, pool '%s'%s%s",
-                rbdp_cluster_name, user, rbdp_pool,
+  nbdkit_debug ("rbd: connected to cluster '%s' as %s, pool '%s'%s%s; "
+                "rbd_non_blocking_aio=%s, aio path caps %" PRIu64 " ops, %"
+                PRIu64 " bytes", rbdp_cluster_name, user, rbdp_pool,
                 rbdp_namespace ? " namespace " : "",
-                rbdp_namespace ? rbdp_namespace : "");
+                rbdp_namespace ? rbdp_namespace : "",
+                rbdp_aio_inline ? "false" : "true", rbdp_cap_ops, rbdp_cap_bytes);
   return 0;
 
 fail:
@@ -357,9 +457,13 @@ rbdp_img_open (const char *name, bool readonly)
       goto fail;
     }
   }
-  r = rbd_get_size (im->image, &im->size);
-  if (r == 0)
+  rbd_image_info_t info;
+  r = rbd_stat (im->image, &info, sizeof info);
+  if (r == 0) {
+    im->size = info.size;
+    im->obj_size = info.obj_size ? info.obj_size : 1;
     r = rbd_get_features (im->image, &features);
+  }
   if (r == 0)
     r = rbd_get_flags (im->image, &flags);
   if (r < 0) {
@@ -810,7 +914,40 @@ rbdp_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 struct rbdp_aio {
   struct rbdp_req req;
   struct blkd_aio *done;
+  uint64_t ops, bytes;                /* its share of rbdp_aio_ops/_bytes */
 };
+
+/* Take room under the caps for req; false when there is none.  Its
+ * object ops: one per object its range touches (a flush counts one),
+ * and one more for FUA's flush. */
+static bool
+rbdp_aio_reserve (struct rbdp_aio *a)
+{
+  const struct rbdp_req *req = &a->req;
+  uint64_t os = req->img->obj_size, ops = 1, bytes = 0;
+
+  a->ops = a->bytes = 0;
+  if (!rbdp_aio_inline)
+    return true;                      /* librbd's own thread waits, not ours */
+  if (req->count)
+    ops = (req->offset + req->count - 1) / os - req->offset / os + 1;
+  if (req->flags & NBDKIT_FLAG_FUA)
+    ops++;
+  if (req->op == RBDP_READ || req->op == RBDP_WRITE)
+    bytes = req->count;
+  if (atomic_fetch_add (&rbdp_aio_ops, ops) + ops > rbdp_cap_ops) {
+    atomic_fetch_sub (&rbdp_aio_ops, ops);
+    return false;
+  }
+  if (atomic_fetch_add (&rbdp_aio_bytes, bytes) + bytes > rbdp_cap_bytes) {
+    atomic_fetch_sub (&rbdp_aio_bytes, bytes);
+    atomic_fetch_sub (&rbdp_aio_ops, ops);
+    return false;
+  }
+  a->ops = ops;
+  a->bytes = bytes;
+  return true;
+}
 
 static void
 rbdp_aio_done (struct rbdp_req *req, int err)
@@ -822,6 +959,8 @@ rbdp_aio_done (struct rbdp_req *req, int err)
     nbdkit_error ("rbd: %s of %" PRIu32 " bytes at %" PRIu64 " in '%s': %s",
                   rbdp_op_name (req->op), req->count, req->offset,
                   req->img->name, strerror (err));
+  atomic_fetch_sub (&rbdp_aio_ops, a->ops);
+  atomic_fetch_sub (&rbdp_aio_bytes, a->bytes);
   free (a);
   done->complete (done, err ? rbdp_nbd_errno (err) : 0);
 }
@@ -846,6 +985,11 @@ rbdp_aio_start (void *handle, enum rbdp_op op, void *buf, uint32_t count,
                                .offset = offset, .flags = flags,
                                .done = rbdp_aio_done };
   a->done = done;
+  if (!rbdp_aio_reserve (a)) {
+    free (a);
+    errno = ENOTSUP;                  /* a worker may wait for room; we may not */
+    return -1;
+  }
   rbdp_req_start (&a->req);           /* done runs exactly once from here on */
   return 0;
 }
@@ -1014,7 +1158,8 @@ static struct nbdkit_plugin plugin = {
     "cluster=<NAME>      Cluster name (default ceph).\n"
     "timeout=<SECS>      Fail a request after SECS (default 0: wait).\n"
     "connect-timeout=<SECS> Bound on connecting at start-up (default 20).\n"
-    "aio=false           Under blkd: no aio calls (compare with the thread path).",
+    "aio=false           Under blkd: no aio calls (compare with the thread path).\n"
+    "<ceph_option>=<VAL> Any Ceph option (rbd_cache=false, rbd_non_blocking_aio=true...).",
   .magic_config_key  = "image",
   .get_ready         = rbdp_get_ready,
   .after_fork        = rbdp_after_fork,
