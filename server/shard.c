@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -371,6 +372,21 @@ shard_peer_on_my_cpu (struct shard *s, struct shard_place *place)
   return cpu == sched_getcpu ();
 }
 
+/* Times this thread was preempted (switched out while runnable). */
+static long
+shard_preemptions (void)
+{
+  struct rusage ru;
+  return getrusage (RUSAGE_THREAD, &ru) == 0 ? ru.ru_nivcsw : 0;
+}
+
+/* Preempted on at least PREEMPT_NUM of every PREEMPT_DEN reads while
+ * polling: the CPU is shared with a thread that wakes as often as the
+ * requests come, which is what a client on this CPU does (preempting the
+ * spinning shard once a request); other busy threads preempt at their
+ * own pace, seldom that often. */
+enum { PREEMPT_NUM = 2, PREEMPT_DEN = 3 };
+
 static void *
 shard_main (void *arg)
 {
@@ -397,14 +413,25 @@ shard_main (void *arg)
    * connection than the last within MULTI_QUIET windows): their requests
    * keep the shard busy anyway, and the spinning took the CPU their
    * clients needed (measured with 4 connections on 2 CPUs: docs/lab/). */
-  enum { MULTI_QUIET = 16, PLACE_CHECK = 20 };
+  enum { MULTI_QUIET = 16, PLACE_CHECK = 20, BACKOFF_MAX = 64 };
   uint64_t window = (uint64_t) cfg.poll_us * 1000, last_read = 0, seen = s->reads;
   uint64_t changes_seen = s->reader_changes, last_change = 0, last_where = 0;
+  uint64_t reads_at_check = s->reads, yield_until = 0;
+  long preempted_at_check = shard_preemptions ();
+  unsigned backoff = 1;
   bool close_together = false, peer_here = false;
   struct shard_place place = { 0, false };
   for (;;) {
-    bool poll = close_together && !s->lowat_conns && !peer_here &&
-      now_ns () - last_read < window;
+    uint64_t now = now_ns ();
+    if (yield_until && now >= yield_until) {
+      /* The next check period counts preemptions while polling only. */
+      yield_until = 0;
+      reads_at_check = s->reads;
+      preempted_at_check = shard_preemptions ();
+      last_where = now;
+    }
+    bool poll = close_together && !s->lowat_conns && !peer_here && !yield_until &&
+      now - last_read < window;
     event_base_loop (s->base, (poll ? EVLOOP_NONBLOCK : EVLOOP_ONCE) | EVLOOP_NO_EXIT_ON_EMPTY);
     if (event_base_got_break (s->base) || event_base_got_exit (s->base))
       break;
@@ -415,11 +442,30 @@ shard_main (void *arg)
         last_change = t;
       changes_seen = s->reader_changes;
       close_together = t - last_read < window && t - last_change >= MULTI_QUIET * window;
-      /* Where the client runs, looked up at most once per PLACE_CHECK
-       * windows (a getsockopt): the scheduler moves threads far less
-       * often than that. */
-      if (close_together && t - last_where >= PLACE_CHECK * window) {
+      /* Whether the client shares this CPU, looked up at most once per
+       * PLACE_CHECK windows (a getsockopt and a getrusage): the scheduler
+       * moves threads far less often than that.  Two signs: a local TCP
+       * client's SO_INCOMING_CPU, and, for any client, this thread
+       * preempted on most reads while it polled (PREEMPT_NUM)
+       * (someone runnable on this CPU wanted it: the client, or any other
+       * thread the spinning starves).  The first stops polling until a
+       * look says otherwise; the second for 1, 2, 4 ... BACKOFF_MAX check
+       * periods, doubling while each trial period is preempted again, so
+       * a client that moved away is polled for again. */
+      if (close_together && !yield_until && t - last_where >= PLACE_CHECK * window) {
+        long pre = shard_preemptions ();
+        uint64_t nreads = s->reads - reads_at_check;
+        bool contended = !peer_here && pre - preempted_at_check >= 2
+          && (uint64_t) (pre - preempted_at_check) * PREEMPT_DEN >= nreads * PREEMPT_NUM;
         peer_here = shard_peer_on_my_cpu (s, &place);
+        if (contended) {
+          yield_until = t + (uint64_t) backoff * PLACE_CHECK * window;
+          if (backoff < BACKOFF_MAX)
+            backoff *= 2;
+        } else if (!peer_here)
+          backoff = 1;
+        reads_at_check = s->reads;
+        preempted_at_check = pre;
         last_where = t;
       }
       seen = s->reads;

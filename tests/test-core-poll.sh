@@ -4,8 +4,8 @@
 # (its CPU time stands still), SIGTERM still stops it, and a shard with
 # two connections sending requests does not poll (one connection paced
 # the same way keeps it spinning: the control that shows the check can
-# fail), nor one whose local TCP client runs on the shard's own CPU (the
-# same client on another CPU is the control).
+# fail), nor one whose client runs on the shard's own CPU, over TCP or a
+# Unix socket (the same client on another CPU is the control).
 . "$(dirname "$0")/lib.sh"
 need qemu-io
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import nbd' 2>/dev/null || skip "python3 nbd module missing"
@@ -44,9 +44,16 @@ server_alive && fail "blkd --poll-us did not stop on SIGTERM"
 [ -e "$SOCK" ] && fail "Unix socket left behind"
 
 echo "# two busy connections on one shard: no polling"
+# Clients on another CPU than the shard's where there is one: a client on
+# the shard's CPU stops the polling itself (below).
 start_server_unix --shards 1 --poll-us 2000 ram size=16M
+CLIENT_CPU=()
+if [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null; then
+  taskset -a -p -c "$(($(nproc) - 1))" "$SERVER_PID" >/dev/null || fail "cannot pin blkd"
+  CLIENT_CPU=(taskset -c 0)
+fi
 paced() {   # $1 connections, each a read every ~0.6 ms for 2 s; prints server ticks
-  /usr/bin/python3 - "$SOCK" "$1" "$SERVER_PID" <<'PY'
+  "${CLIENT_CPU[@]}" /usr/bin/python3 - "$SOCK" "$1" "$SERVER_PID" <<'PY'
 import sys, threading, time, nbd
 sock, n, pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 handles = []
@@ -78,21 +85,20 @@ echo "  server CPU over 2 s: one connection $one ticks (polling), two connection
 [ $((two * 2)) -lt "$one" ] || fail "a shard with two busy connections kept polling ($two ticks against $one for one)"
 stop_server
 
-echo "# a local TCP client on the shard's own CPU: no polling"
+echo "# a client on the shard's own CPU: no polling (TCP, then a Unix socket)"
 # The shard pinned to the last CPU; one paced client pinned to the same
-# CPU, then to another (the control: there the shard polls).  The shard
-# learns where the client runs from SO_INCOMING_CPU.
+# CPU, then to another (the control: there the shard polls).  Over TCP
+# the shard learns where a local client runs from SO_INCOMING_CPU; over a
+# Unix socket from being preempted by it.
 [ "$(nproc)" -ge 2 ] || skip "one CPU: no other CPU for the control"
 need taskset
 last=$(($(nproc) - 1))
-start_server --shards 1 --poll-us 2000 ram size=16M
-taskset -a -p -c "$last" "$SERVER_PID" >/dev/null || fail "cannot pin blkd"
-paced_tcp() {   # $1: the client's CPU; prints server ticks over 2 s
-  taskset -c "$1" /usr/bin/python3 - "$PORT" "$SERVER_PID" <<'PY'
+paced_at() {   # $1: the client's CPU; prints server ticks over 2 s
+  taskset -c "$1" /usr/bin/python3 - "$URI" "$SERVER_PID" <<'PY'
 import sys, time, nbd
-port, pid = sys.argv[1], int(sys.argv[2])
+uri, pid = sys.argv[1], int(sys.argv[2])
 h = nbd.NBD()
-h.connect_uri("nbd://127.0.0.1:%s" % port)
+h.connect_uri(uri)
 def ticks():
     with open("/proc/%d/stat" % pid) as f:
         v = f.read().rsplit(")", 1)[1].split()
@@ -106,10 +112,15 @@ print(ticks() - t0)
 h.shutdown()
 PY
 }
-same=$(paced_tcp "$last") || fail "client on the shard's CPU"
-apart=$(paced_tcp 0) || fail "client on another CPU"
-echo "  server CPU over 2 s: client on its CPU $same ticks, on another CPU $apart ticks (polling)"
-[ "$apart" -ge 40 ] || skip "the client on another CPU did not keep the shard polling ($apart ticks): machine too busy to tell"
-[ $((same * 2)) -lt "$apart" ] || fail "the shard kept polling on its client's CPU ($same ticks against $apart apart)"
-stop_server
+for how in tcp unix; do
+  if [ $how = tcp ]; then start_server --shards 1 --poll-us 2000 ram size=16M
+  else start_server_unix --shards 1 --poll-us 2000 ram size=16M; fi
+  taskset -a -p -c "$last" "$SERVER_PID" >/dev/null || fail "cannot pin blkd"
+  same=$(paced_at "$last") || fail "$how: client on the shard's CPU"
+  apart=$(paced_at 0) || fail "$how: client on another CPU"
+  echo "  $how: server CPU over 2 s: client on its CPU $same ticks, on another CPU $apart ticks (polling)"
+  [ "$apart" -ge 40 ] || skip "$how: the client on another CPU did not keep the shard polling ($apart ticks): machine too busy to tell"
+  [ $((same * 2)) -lt "$apart" ] || fail "$how: the shard kept polling on its client's CPU ($same ticks against $apart apart)"
+  stop_server
+done
 echo ok
