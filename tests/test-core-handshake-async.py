@@ -16,7 +16,10 @@ release file, so every check is an ordering, never a time:
   open returns (blkd_connections back to 0), and --handshake-timeout closes
   a held one the same way;
 - SIGTERM while an open is held: the server waits for it, then exits 0
-  (under ASan, with no leak).
+  (under ASan, with no leak);
+- a live restart (SIGUSR2) while an open is held closes that client as
+  one still in the handshake, waits for the open, and hands over a client
+  already in the transmission phase.
 With --dispatch inline the open runs on the shard thread as before; the
 pipelined options are checked there too."""
 
@@ -32,6 +35,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
 from blkdtest import *  # noqa: E402,F401,F403
+from restarttest import DONE, count, restart_server, wait_log  # noqa: E402
 
 if IS_NBDKIT:
     skip("checks blkd's shards (--shards, --metrics)")
@@ -215,6 +219,25 @@ except subprocess.TimeoutExpired:
     fail("the server did not exit after SIGTERM once the open returned")
 check_eq(rc, 0, "clean exit after SIGTERM with an open held")
 h.close()
+
+# ---- live restart during a held open -----------------------------------
+srv = restart_server([PLUGIN, "gate=" + GATE], opts=["--shards", "1"])
+t = RawClient(srv)
+t.handshake(structured=False, name=b"fast")
+read_4k(t, "restart: the transmission client reads before")
+r = RawClient(srv, timeout=30)
+r.start()
+r.send_opt(NBD_OPT_GO, RawClient.info_go_payload(b"slowr"))
+wait_entered("slowr")
+os.kill(srv.proc.pid, signal.SIGUSR2)
+check(peer_closed(r.sock, timeout=20), "restart: the client whose open is held is closed")
+check_eq(count(srv, DONE), 0, "restart: not done while the open is held")
+release("slowr")
+wait_log(srv, DONE, 1, 30, "live restart after the held open returned")
+read_4k(t, "restart: the transmission client reads after the hand-over")
+t.disconnect()
+r.close()
+srv.stop()
 
 # ---- --dispatch inline: the open on the shard thread, as before ---------
 srv = server("--dispatch", "inline")
