@@ -9,7 +9,10 @@
  *  handshake  conn_on_read → conn_pump → read_some, process_input →
  *             handshake_consume (handshake.c; tls.c after STARTTLS; its
  *             replies go into c->out, outbuf.c) until the phase is
- *             CONN_TRANSMISSION
+ *             CONN_TRANSMISSION; an option that calls the layer stack
+ *             (.open, .list_exports) goes through shard_handshake_call to
+ *             a worker (handshake_call) and back (conn_handshake_answered
+ *             → handshake_call_done) when the shard has workers
  *  parse      conn_parse (conn.c) → protocol_consume (protocol.c):
  *             request_get (request.c), protocol_validate, attach_buffer;
  *             it returns what conn.c does next: RUN, ANSWER (an error
