@@ -75,6 +75,19 @@ def read_4k(c, what):
     check(cookie == 7 and err == 0 and data == b"\x5a" * 4096, what)
 
 
+def served_meanwhile(srv, who, held):
+    """Another client handshakes and reads while `held` is held; a
+    server whose shard waits on the held call times this out."""
+    try:
+        c = RawClient(srv)
+        c.handshake(structured=False, name=b"fast")
+        read_4k(c, "%s reads while %s is held" % (who, held))
+        c.disconnect()
+    except (OSError, ProtocolError) as e:
+        fail("client %s could not finish while %s was held "
+             "(does the call block the shard?): %s" % (who, held, e))
+
+
 def connections(srv):
     url = "http://127.0.0.1:%d/metrics" % srv.metrics_port
     with urllib.request.urlopen(url, timeout=10) as r:
@@ -142,14 +155,7 @@ a = RawClient(srv, timeout=30)
 a.start()
 a.send_opt(NBD_OPT_GO, RawClient.info_go_payload(b"slowa"))
 wait_entered("slowa")
-try:
-    b = RawClient(srv)
-    b.handshake(structured=False, name=b"fast")
-    read_4k(b, "B reads while A's open is held")
-    b.disconnect()
-except (OSError, ProtocolError) as e:
-    fail("client B could not finish while A's open was held "
-         "(the open blocks the shard?): %s" % e)
+served_meanwhile(srv, "B", "A's open")
 no_reply_yet(a, "A has no GO reply before its open returns")
 release("slowa")
 check_eq(recv_final(a, NBD_OPT_GO), NBD_REP_ACK, "A's GO succeeds once its open returns")
@@ -164,13 +170,7 @@ f.start()
 f.send_opt(NBD_OPT_LIST)
 wait_entered("list")
 os.unlink(gate_file("list.hold"))
-try:
-    g = RawClient(srv)
-    g.handshake(structured=False, name=b"fast")
-    read_4k(g, "G reads while F's LIST is held")
-    g.disconnect()
-except (OSError, ProtocolError) as e:
-    fail("client G could not finish while F's LIST was held: %s" % e)
+served_meanwhile(srv, "G", "F's LIST")
 no_reply_yet(f, "F has no LIST reply before .list_exports returns")
 release("list")
 rtype, names = list_replies(f)
