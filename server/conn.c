@@ -348,8 +348,8 @@ send_pending (struct conn *c)
 static void
 resume_if_unblocked (struct conn *c)
 {
-  if ((c->read_block & (CONN_READ_PAUSED | CONN_READ_BUFFERS | CONN_READ_SEND_FULL))
-      == CONN_READ_PAUSED && !c->stalled_req
+  if ((c->read_block & (CONN_READ_PAUSED | CONN_READ_BUFFERS | CONN_READ_SEND_FULL
+                        | CONN_READ_HS_CALL)) == CONN_READ_PAUSED && !c->stalled_req
       && c->inflight < cfg.max_inflight && c->out.len - c->out.off <= OBUF_PAUSE)
     conn_resume_reading (c);
 }
@@ -505,6 +505,30 @@ conn_on_complete (struct request *r)
   conn_mark_flush (c->shard, c);
 }
 
+/* A worker finished a handshake option's plugin calls: queue the
+ * answer; conn_flush sends it and resumes reading, which parses the
+ * options the client sent behind it.  A connection closed meanwhile is
+ * closed for good now (conn_close_now kept its socket), and freed. */
+static void
+conn_handshake_answered (struct request *r)
+{
+  struct conn *c = r->conn;
+  request_put (c->shard->pool, r);
+  c->inflight--;
+  c->read_block &= ~CONN_READ_HS_CALL;
+  log_current = &c->log;
+  if (c->fd < 0 || c->phase == CONN_CLOSING || (c->read_block & CONN_READ_CLOSING)) {
+    handshake_call_discard (c);
+    conn_close_now (c);             /* frees c */
+  }
+  else {
+    if (handshake_call_done (c) == -1)
+      c->read_block |= CONN_READ_CLOSING;   /* conn_flush closes once it is sent */
+    conn_mark_flush (c->shard, c);
+  }
+  log_current = NULL;
+}
+
 /* Requests workers and the plugin's aio finished (shard.c, after each
  * wake-up): queue them, send, and let pool waiters retry. */
 static void
@@ -513,7 +537,10 @@ conn_completed (struct shard *s, struct request *done)
   while (done) {
     struct request *r = done;
     done = r->next;
-    conn_on_complete (r);
+    if (__builtin_expect (r->type == REQUEST_HANDSHAKE, 0))
+      conn_handshake_answered (r);
+    else
+      conn_on_complete (r);
   }
   conn_flush_marked (s);
   conn_wake_waiters (s);
@@ -633,13 +660,35 @@ conn_parse (struct conn *c)
 
 /* ---- input --------------------------------------------------------- */
 
+/* An option needs the layer stack: run its calls, inline or on a worker
+ * (conn_pump then stops reading until conn_handshake_answered).  0 once
+ * answered, -1 to close, HANDSHAKE_CALL while a worker has it. */
+static int
+conn_handshake_call (struct conn *c)
+{
+  switch (shard_handshake_call (c)) {
+  case 1:
+    return handshake_call_done (c);
+  case 0:
+    c->read_block |= CONN_READ_HS_CALL;
+    return HANDSHAKE_CALL;
+  default:
+    log_error ("cannot queue the handshake's plugin call: %m");
+    handshake_call_discard (c);
+    return -1;
+  }
+}
+
 static int
 process_input (struct conn *c)
 {
   while (c->phase == CONN_HS_CLIENT_FLAGS || c->phase == CONN_HS_OPTIONS) {
     enum conn_phase before = c->phase;
     size_t avail = c->rlen - c->roff;
-    if (handshake_consume (c) == -1)
+    int r = handshake_consume (c);
+    if (r == HANDSHAKE_CALL && (r = conn_handshake_call (c)) == HANDSHAKE_CALL)
+      return 0;                     /* conn_pump stops reading */
+    if (r == -1)
       return -1;
     if (c->out.len - c->out.off > OBUF_PAUSE)
       return 0;                     /* conn_pump pauses until it drains */
@@ -832,7 +881,7 @@ conn_pump (struct conn *c, bool do_read)
       pause_reading (c);
       break;
     }
-    if (c->phase == CONN_CLOSING || (c->read_block & CONN_READ_CLOSING)) {
+    if (c->phase == CONN_CLOSING || (c->read_block & (CONN_READ_CLOSING | CONN_READ_HS_CALL))) {
       pause_reading (c);
       break;
     }
@@ -901,7 +950,8 @@ conn_on_stall (evutil_socket_t fd, short what, void *arg)
 static void
 conn_resume_reading (struct conn *c)
 {
-  if (c->fd < 0 || (c->read_block & CONN_READ_CLOSING) || c->phase == CONN_CLOSING)
+  if (c->fd < 0 || (c->read_block & (CONN_READ_CLOSING | CONN_READ_HS_CALL))
+      || c->phase == CONN_CLOSING)
     return;
   if ((c->read_block & CONN_READ_PAUSED) && !(c->handoff && handoff_need (c) == 0)) {
     c->read_block &= ~CONN_READ_PAUSED;
@@ -1007,6 +1057,21 @@ conn_events_off (struct conn *c)
 void
 conn_close_now (struct conn *c)
 {
+  if (c->fd >= 0 && (c->read_block & CONN_READ_HS_CALL)) {
+    /* A worker is in the plugin's .open (or .list_exports) for this
+     * connection, which may ask for the client's address on this socket
+     * (nbdkit_peer_name): the descriptor stays ours until the call
+     * returns (conn_handshake_answered closes it then), so no new
+     * connection can get its number meanwhile.  The client sees its
+     * connection end now. */
+    conn_events_off (c);
+    tls_free (c);
+    shutdown (c->fd, SHUT_RDWR);
+    c->read_block |= CONN_READ_CLOSING;
+    c->phase = CONN_CLOSING;
+    drop_output (c);
+    return;
+  }
   if (c->fd >= 0) {
     conn_events_off (c);
     tls_free (c);

@@ -152,6 +152,7 @@ send_info (struct conn *c, uint32_t option, uint16_t type, const void *data, siz
   return send_option_reply (c, option, NBD_REP_INFO, buf, 2 + len);
 }
 
+/* INFO/GO: check the option and set the open up for handshake_call. */
 static int
 opt_info_go (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
 {
@@ -170,15 +171,42 @@ opt_info_go (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
     return send_error (c, option, NBD_REP_ERR_EXT_HEADER_REQD,
                        "this server requires extended headers");
 
-  bool want_name = false, want_desc = false;
+  struct handshake_call *k = &c->hs;
+  k->want_name = k->want_desc = false;
   for (uint16_t i = 0; i < nreq; i++) {
     uint16_t t = rd16 (d + 4 + namelen + 2 + 2 * i);
-    want_name |= t == NBD_INFO_NAME;
-    want_desc |= t == NBD_INFO_DESCRIPTION;
+    k->want_name |= t == NBD_INFO_NAME;
+    k->want_desc |= t == NBD_INFO_DESCRIPTION;
   }
+  if (!(k->name = strndup (name, namelen)))
+    return -1;
+  k->option = option;
+  return HANDSHAKE_CALL;
+}
 
+/* INFO/GO's plugin calls (worker or shard thread): open the export, ask
+ * for its description; INFO closes it again (the caps stay in c->pc for
+ * the reply). */
+static void
+call_info_go (struct conn *c, struct handshake_call *k)
+{
   backend_conn_close (&c->pc);      /* an earlier INFO's handle, if any */
-  if (open_export (c, name, namelen) == -1)
+  k->result = open_export (c, k->name, strlen (k->name));
+  if (k->result == 0 && k->want_desc) {
+    const char *desc = backend_conn_export_description (&c->pc);
+    if (desc && !(k->desc = strndup (desc, NBD_MAX_STRING)))
+      k->result = -1;
+  }
+  if (k->option == NBD_OPT_INFO || k->result == -1)
+    backend_conn_close (&c->pc);
+}
+
+/* INFO/GO's replies, on the shard thread. */
+static int
+done_info_go (struct conn *c, struct handshake_call *k)
+{
+  uint32_t option = k->option;
+  if (k->result == -1)
     return send_error (c, option, NBD_REP_ERR_UNKNOWN, "export not available");
 
   uint8_t exp[10];
@@ -188,15 +216,11 @@ opt_info_go (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
   memcpy (exp + 8, &flags, 2);
   if (send_info (c, option, NBD_INFO_EXPORT, exp, sizeof exp) == -1)
     return -1;
-  if (want_name && send_info (c, option, NBD_INFO_NAME, c->export_name,
-                              strlen (c->export_name)) == -1)
+  if (k->want_name && send_info (c, option, NBD_INFO_NAME, c->export_name,
+                                 strlen (c->export_name)) == -1)
     return -1;
-  if (want_desc) {
-    const char *desc = backend_conn_export_description (&c->pc);
-    if (desc && send_info (c, option, NBD_INFO_DESCRIPTION, desc,
-                           strnlen (desc, NBD_MAX_STRING)) == -1)
-      return -1;
-  }
+  if (k->desc && send_info (c, option, NBD_INFO_DESCRIPTION, k->desc, strlen (k->desc)) == -1)
+    return -1;
   /* Always sent: a client that did not ask may ignore it (proto.md). */
   uint32_t bs[3];
   handshake_block_sizes (c, &bs[0], &bs[1], &bs[2]);
@@ -207,9 +231,7 @@ opt_info_go (struct conn *c, uint32_t option, const uint8_t *d, uint32_t len)
   if (send_option_reply (c, option, NBD_REP_ACK, NULL, 0) == -1)
     return -1;
 
-  if (option == NBD_OPT_INFO)
-    backend_conn_close (&c->pc);
-  else {
+  if (option == NBD_OPT_GO) {
     c->phase = CONN_TRANSMISSION;
     log_debug ("transmission phase: export \"%s\"%s", c->export_name,
                c->extended ? ", extended headers"
@@ -233,7 +255,16 @@ opt_export_name (struct conn *c, const uint8_t *d, uint32_t len)
                : "but this server requires extended headers");
     return -1;
   }
-  if (open_export (c, (const char *) d, len) == -1)
+  if (!(c->hs.name = strndup ((const char *) d, len)))
+    return -1;
+  c->hs.option = NBD_OPT_EXPORT_NAME;
+  return HANDSHAKE_CALL;
+}
+
+static int
+done_export_name (struct conn *c, struct handshake_call *k)
+{
+  if (k->result == -1)
     return -1;
   uint8_t r[10 + 124];
   uint64_t size = htobe64 ((uint64_t) c->pc.caps.size);
@@ -252,17 +283,36 @@ opt_list (struct conn *c, uint32_t len)
 {
   if (len != 0)
     return send_error (c, NBD_OPT_LIST, NBD_REP_ERR_INVALID, "LIST takes no data");
-  struct nbdkit_exports *e = backend_conn_list_exports (&c->pc, cfg.readonly);
+  c->hs.option = NBD_OPT_LIST;
+  return HANDSHAKE_CALL;
+}
+
+/* LIST's plugin calls: the list, and the default export's name if the
+ * list asks for it. */
+static void
+call_list (struct conn *c, struct handshake_call *k)
+{
+  k->exports = backend_conn_list_exports (&c->pc, cfg.readonly);
+  if (!k->exports || !k->exports->use_default || cfg.export_name)
+    return;
+  const char *def = backend_conn_default_export (&c->pc, cfg.readonly);
+  if (def && !(k->list_default = strdup (def))) {
+    public_exports_free (k->exports);
+    k->exports = NULL;
+  }
+}
+
+static int
+done_list (struct conn *c, struct handshake_call *k)
+{
+  struct nbdkit_exports *e = k->exports;
   if (!e)
     return send_error (c, NBD_OPT_LIST, NBD_REP_ERR_PLATFORM, "cannot list exports");
 
   int r = 0;
   if (e->use_default) {
-    const char *def = cfg.export_name ? cfg.export_name
-                                      : backend_conn_default_export (&c->pc, cfg.readonly);
-    if (!def)
-      def = "";
-    if (nbdkit_add_export (e, def, NULL) == -1)
+    const char *def = cfg.export_name ? cfg.export_name : k->list_default;
+    if (nbdkit_add_export (e, def ? def : "", NULL) == -1)
       r = -1;
   }
   for (size_t i = 0; r == 0 && i < e->len; i++) {
@@ -281,9 +331,47 @@ opt_list (struct conn *c, uint32_t len)
     r = send_option_reply (c, NBD_OPT_LIST, NBD_REP_SERVER, buf, 4 + nl + dl);
     free (buf);
   }
-  public_exports_free (e);
   if (r == 0)
     r = send_option_reply (c, NBD_OPT_LIST, NBD_REP_ACK, NULL, 0);
+  return r;
+}
+
+void
+handshake_call (struct conn *c)
+{
+  struct handshake_call *k = &c->hs;
+  if (k->option == NBD_OPT_LIST)
+    call_list (c, k);
+  else if (k->option == NBD_OPT_EXPORT_NAME)
+    k->result = open_export (c, k->name, strlen (k->name));
+  else
+    call_info_go (c, k);
+}
+
+void
+handshake_call_discard (struct conn *c)
+{
+  struct handshake_call *k = &c->hs;
+  free (k->name);
+  free (k->desc);
+  free (k->list_default);
+  if (k->exports)
+    public_exports_free (k->exports);
+  memset (k, 0, sizeof *k);
+}
+
+int
+handshake_call_done (struct conn *c)
+{
+  struct handshake_call *k = &c->hs;
+  int r;
+  if (k->option == NBD_OPT_LIST)
+    r = done_list (c, k);
+  else if (k->option == NBD_OPT_EXPORT_NAME)
+    r = done_export_name (c, k);
+  else
+    r = done_info_go (c, k);
+  handshake_call_discard (c);
   return r;
 }
 

@@ -9,7 +9,10 @@
  *  handshake  conn_on_read → conn_pump → read_some, process_input →
  *             handshake_consume (handshake.c; tls.c after STARTTLS; its
  *             replies go into c->out, outbuf.c) until the phase is
- *             CONN_TRANSMISSION
+ *             CONN_TRANSMISSION; an option that calls the layer stack
+ *             (.open, .list_exports) goes through shard_handshake_call to
+ *             a worker (handshake_call) and back (conn_handshake_answered
+ *             → handshake_call_done) when the shard has workers
  *  parse      conn_parse (conn.c) → protocol_consume (protocol.c):
  *             request_get (request.c), protocol_validate, attach_buffer;
  *             it returns what conn.c does next: RUN, ANSWER (an error
@@ -321,6 +324,11 @@ struct request {
   uint64_t aio_t0;
 };
 
+/* A request's type that is no NBD command (protocol_validate refuses
+ * those): the job that carries a handshake's plugin call to a worker and
+ * back (shard_handshake_call). */
+#define REQUEST_HANDSHAKE 0xffffu
+
 /* A request from the shard's pool, reset; NULL when out of memory. */
 struct request *request_get (struct iobuf_pool *p);
 void request_put (struct iobuf_pool *p, struct request *r);
@@ -398,6 +406,23 @@ enum conn_read_block {
   CONN_READ_SEND_FULL = 1u << 2,  /* the socket refused bytes: parse no more */
   CONN_READ_CLOSING   = 1u << 3,  /* no more input: answer what came, then close */
   CONN_READ_STARTTLS  = 1u << 4,  /* ACK queued in clear; TLS handshake once sent */
+  CONN_READ_HS_CALL   = 1u << 5,  /* a handshake option's plugin call is on a
+                                     worker (handshake_call): nothing is parsed
+                                     until it is answered */
+};
+
+/* A handshake option that calls into the layer stack (INFO, GO,
+ * EXPORT_NAME, LIST): what handshake_consume parsed, and what
+ * handshake_call found for handshake_call_done to answer with.  While a
+ * worker runs handshake_call it owns this, c->pc and c->export_name. */
+struct handshake_call {
+  uint32_t option;                /* 0: none pending */
+  bool want_name, want_desc;      /* INFO/GO asked for NBD_INFO_NAME/DESCRIPTION */
+  char *name;                     /* the export name the client sent */
+  int result;                     /* 0, or -1: the stack refused */
+  char *desc;                     /* INFO/GO: the export's description, or NULL */
+  struct nbdkit_exports *exports; /* LIST: the stack's answer */
+  char *list_default;             /* LIST: what "" stands for */
 };
 
 struct conn {
@@ -452,6 +477,7 @@ struct conn {
   bool sendfile_short_logged;     /* conn.c: "file ended short" said once */
   struct conn *wait_next;         /* shard's list of conns waiting for buffers */
   struct backend_conn pc;        /* this connection's handle on the layer stack */
+  struct handshake_call hs;       /* an option waiting for the stack (handshake.c) */
   struct conn_stats *mstats;      /* /stats record (delayacct.c); NULL: none */
 
   /* TLS (tls.c): the session once STARTTLS was accepted, NULL in clear. */
@@ -510,8 +536,20 @@ void handshake_start (struct conn *c);
  * restart checks that a reopened export still says the same. */
 uint16_t handshake_export_flags (struct conn *c);
 void handshake_block_sizes (struct conn *c, uint32_t *min, uint32_t *pref, uint32_t *max);
-/* Consume handshake bytes from c->rbuf; 0 to continue, -1 to close. */
+/* Consume handshake bytes from c->rbuf; 0 to continue, -1 to close, or
+ * HANDSHAKE_CALL: an option needs the layer stack (its .open,
+ * .list_exports, ...), which may block for as long as the plugin's
+ * storage takes.  The caller runs handshake_call, on a worker when the
+ * shard has them (nothing else may touch the connection's stack handle
+ * meanwhile), then handshake_call_done on the shard thread, which queues
+ * the replies (0, or -1 to close) and the handshake goes on with the
+ * bytes after the option.  A connection closed meanwhile gives the
+ * results back with handshake_call_discard. */
+#define HANDSHAKE_CALL 1
 int handshake_consume (struct conn *c);
+void handshake_call (struct conn *c);
+int handshake_call_done (struct conn *c);
+void handshake_call_discard (struct conn *c);
 
 /* ---- transmission input (protocol.c) --------------------------------- */
 /* What the parser hands its caller (conn.c), which does the rest: the
@@ -592,6 +630,11 @@ void shard_complete (struct request *r);          /* worker → shard */
  * reply is built already (inline, or failed at once): the caller queues
  * it; false: it comes back through the ops' completed. */
 bool shard_dispatch (struct request *r);
+/* Run handshake_call for c: inline when requests run inline (1: done
+ * now), else on a worker (0: it comes back through the ops' completed as
+ * a request of type REQUEST_HANDSHAKE, counted in c->inflight); -1 when
+ * out of memory. */
+int shard_handshake_call (struct conn *c);
 void shard_conn_gone (struct shard *s, struct conn *c);
 unsigned shard_total_conns (void);
 /* Run fn on s's thread, after what it has queued (main thread); -1 when

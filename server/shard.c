@@ -88,12 +88,40 @@ shard_dispatch (struct request *r)
   return false;
 }
 
-/* A worker's job: run the request, then hand it back to its shard. */
+/* A worker's job: run the request (or a handshake's plugin call), then
+ * hand it back to its shard. */
 static void
 shard_run_request (struct request *r)
 {
-  protocol_execute (r);
+  if (__builtin_expect (r->type == REQUEST_HANDSHAKE, 0)) {
+    log_current = &r->conn->log;
+    handshake_call (r->conn);
+    log_current = NULL;
+  }
+  else
+    protocol_execute (r);
   shard_complete (r);
+}
+
+/* A handshake option's plugin calls (.open, .list_exports, ...) go where
+ * requests go: the plugin's .open may wait as long as its storage does
+ * (a Ceph cluster missing a monitor), and on the shard thread that would
+ * stall every other connection of the shard. */
+int
+shard_handshake_call (struct conn *c)
+{
+  if (dispatch_inline ()) {
+    handshake_call (c);
+    return 1;
+  }
+  struct request *r = request_get (c->shard->pool);
+  if (!r)
+    return -1;
+  r->conn = c;
+  r->type = REQUEST_HANDSHAKE;
+  c->inflight++;
+  queue_push (global_queue ? global_queue : c->shard->queue, r);
+  return 0;
 }
 
 /* Called by a worker: hand the finished request back to its shard. */

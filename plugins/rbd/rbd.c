@@ -100,6 +100,7 @@ struct rbdp_img {
   struct rbdp_img *next;
   char *name;
   bool readonly;
+  bool opening;                       /* rbd_open under way, without the lock */
   unsigned refs;
   rbd_image_t image;
   uint64_t size;
@@ -109,6 +110,8 @@ struct rbdp_img {
 
 static pthread_mutex_t rbdp_imgs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct rbdp_img *rbdp_imgs;
+/* An open finished (rbdp_img_get): those waiting for the same image look again. */
+static pthread_cond_t rbdp_opened_cond = PTHREAD_COND_INITIALIZER;
 /* Images whose last connection went, for the closer thread (rbdp_closer). */
 static struct rbdp_img *rbdp_close_queue;
 static pthread_cond_t rbdp_close_cond = PTHREAD_COND_INITIALIZER;
@@ -415,22 +418,17 @@ rbdp_img_free (struct rbdp_img *im)
   free (im);
 }
 
-/* Open name (read-only when readonly or at a snapshot), with messages a
- * user can act on.  Called with rbdp_imgs_lock held. */
-static struct rbdp_img *
-rbdp_img_open (const char *name, bool readonly)
+/* Open im->name (read-only when im->readonly or at a snapshot), with
+ * messages a user can act on; 0 or -1.  Called without rbdp_imgs_lock:
+ * it waits for the cluster. */
+static int
+rbdp_img_open (struct rbdp_img *im)
 {
-  struct rbdp_img *im;
+  const char *name = im->name;
+  bool readonly = im->readonly;
   uint64_t features = 0, flags = 0;
   int r;
 
-  im = calloc (1, sizeof *im);
-  if (!im || !(im->name = strdup (name))) {
-    nbdkit_error ("rbd: %m");
-    free (im);
-    return NULL;
-  }
-  im->readonly = readonly;
   /* Opened without the snapshot first, so a missing image and a missing
    * snapshot give different messages (both are ENOENT from rbd_open). */
   if (readonly)
@@ -478,32 +476,69 @@ rbdp_img_open (const char *name, bool readonly)
                 "0x%" PRIx64 "%s", name, rbdp_snap ? "@" : "",
                 rbdp_snap ? rbdp_snap : "", im->size, features,
                 readonly ? ", read-only" : "");
-  return im;
+  return 0;
 
 fail:
-  rbdp_img_free (im);
-  return NULL;
+  if (im->image)
+    rbd_close (im->image);
+  im->image = NULL;
+  return -1;
 }
 
+/* The shared image for name: found, or opened by this call.  rbd_open
+ * runs without rbdp_imgs_lock, as a listed entry marked opening: while
+ * the cluster keeps one open waiting, other images still open and close
+ * (blkd closes on its event loop, which must not wait behind an open),
+ * and only those who want the same image wait for its result. */
 static struct rbdp_img *
 rbdp_img_get (const char *name, bool readonly)
 {
   struct rbdp_img *im;
 
   pthread_mutex_lock (&rbdp_imgs_lock);
-  for (im = rbdp_imgs; im; im = im->next)
-    if (im->readonly == readonly && strcmp (im->name, name) == 0)
+  for (;;) {
+    for (im = rbdp_imgs; im; im = im->next)
+      if (im->readonly == readonly && strcmp (im->name, name) == 0)
+        break;
+    if (!im || !im->opening)
       break;
-  if (!im) {
-    im = rbdp_img_open (name, readonly);
-    if (im) {
-      im->next = rbdp_imgs;
-      rbdp_imgs = im;
-    }
+    pthread_cond_wait (&rbdp_opened_cond, &rbdp_imgs_lock);
   }
-  if (im)
+  if (im) {
     im->refs++;
+    pthread_mutex_unlock (&rbdp_imgs_lock);
+    return im;
+  }
+  im = calloc (1, sizeof *im);
+  if (!im || !(im->name = strdup (name))) {
+    pthread_mutex_unlock (&rbdp_imgs_lock);
+    nbdkit_error ("rbd: %m");
+    free (im);
+    return NULL;
+  }
+  im->readonly = readonly;
+  im->opening = true;
+  im->refs = 1;
+  im->next = rbdp_imgs;
+  rbdp_imgs = im;
   pthread_mutex_unlock (&rbdp_imgs_lock);
+
+  int r = rbdp_img_open (im);
+
+  pthread_mutex_lock (&rbdp_imgs_lock);
+  im->opening = false;
+  if (r == -1) {
+    struct rbdp_img **pp;
+    for (pp = &rbdp_imgs; *pp != im; pp = &(*pp)->next)
+      ;
+    *pp = im->next;
+  }
+  pthread_cond_broadcast (&rbdp_opened_cond);   /* a failure: they try themselves */
+  pthread_mutex_unlock (&rbdp_imgs_lock);
+  if (r == -1) {
+    rbdp_img_free (im);
+    return NULL;
+  }
   return im;
 }
 
