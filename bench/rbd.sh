@@ -22,7 +22,7 @@
 # messenger (msgr-worker-N), librbd's io_context_pool (its op and completion
 # threads) and the rest (timers, ms_dispatch, log...).
 #
-# A knob's A/B: AB="rbd_non_blocking_aio=true" adds a server blkd-ab, blkd
+# A knob's A/B: AB="rbd_non_blocking_aio=false" adds a server blkd-ab, blkd
 # with those plugin parameters added (any Ceph option works as one), and
 # AB_OPTS="--poll-us 0" adds blkd options to it; it runs in every round
 # beside blkd, on an image of its own.

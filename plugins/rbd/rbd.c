@@ -17,8 +17,9 @@
  * so as many requests are in flight as the server has threads).  Under
  * blkd the same requests can be started without a waiting thread and
  * completed from librbd's completion thread (include/blkd-plugin.h).
- * librbd runs on the calling thread (rbd_non_blocking_aio off, see
- * rbdp_apply_ceph_opts), bounded so that it never waits there.
+ * librbd's own thread dispatches each aio call (rbd_non_blocking_aio at
+ * librbd's default, see rbdp_apply_ceph_opts), so the loop does not wait
+ * in librbd for the cluster.
  *
  * FUA is the write followed by a flush of the image, chained in the
  * completion: librbd's cache (rbd cache = true by default) may hold a
@@ -81,12 +82,13 @@ static struct { const char *key, *value; } rbdp_ceph_opts[RBDP_MAX_CEPH_OPTS];
 static unsigned rbdp_n_ceph_opts;
 
 /* The aio path's share of librados' op throttle (objecter_inflight_ops,
- * objecter_inflight_op_bytes).  With rbd_non_blocking_aio off, librbd
- * submits on the calling thread, which is blkd's event loop, and librados
- * makes a submitter wait once the throttle is full (an OSD away, many
- * clients): past these caps a request goes to blkd's workers instead
- * (ENOTSUP), where waiting is allowed.  Half of each limit, so librbd's
- * own ops and the workers' requests still find room. */
+ * objecter_inflight_op_bytes), used only when the user set
+ * rbd_non_blocking_aio=false: librbd then submits on the calling thread,
+ * which is blkd's event loop, and librados makes a submitter wait once the
+ * throttle is full (an OSD away, many clients).  Past these caps a request
+ * goes to blkd's workers instead (ENOTSUP).  A best effort only: the
+ * throttle is shared with the workers, librbd's cache and readahead, so
+ * the loop can still wait (rbdp_apply_ceph_opts). */
 static uint64_t rbdp_cap_ops, rbdp_cap_bytes;
 static atomic_uint_fast64_t rbdp_aio_ops, rbdp_aio_bytes;
 static bool rbdp_aio_inline;           /* rbd_non_blocking_aio is off */
@@ -248,17 +250,6 @@ rbdp_set (const char *opt, const char *val)
   return 0;
 }
 
-static const char *
-rbdp_ceph_opt (const char *key)
-{
-  unsigned i;
-
-  for (i = 0; i < rbdp_n_ceph_opts; i++)
-    if (strcmp (rbdp_ceph_opts[i].key, key) == 0)
-      return rbdp_ceph_opts[i].value;
-  return NULL;
-}
-
 static uint64_t
 rbdp_get_u64 (const char *opt)
 {
@@ -278,18 +269,22 @@ rbdp_get_is (const char *opt, const char *want)
          strcmp (buf, want) == 0;
 }
 
-/* The plugin's own Ceph settings, then the user's.
+/* The user's Ceph options (plugin parameters), applied after the plugin's
+ * own settings (rbdp_after_fork) so that they win.
  *
- * rbd_non_blocking_aio defaults to off here (librbd's default is on):
- * on, every aio call is handed to librbd's io_context_pool thread before
- * it goes to the OSD, one more thread wake-up per request on top of the
- * completion's; off, the calling thread (blkd's event loop, nbdkit's
- * request thread) runs librbd's dispatch itself.  What could make that
- * thread wait is kept from it: librados' op throttle (rbdp_cap_ops), and
- * the writeback ObjectCacher told to stall a writer in the aio call itself
- * while its dirty data drains (rbd_cache_block_writes_upfront=true; by
- * default it delays the completion instead), with which librbd's default
- * stays.  rbd_non_blocking_aio= as a parameter overrides both. */
+ * rbd_non_blocking_aio stays at librbd's default (true): librbd's own
+ * io_context_pool thread maps each aio call to object ops and does any
+ * waiting that takes, in particular in librados' op throttle, so blkd's
+ * event loop never waits in librbd for the cluster.  A user may set it to
+ * false (one thread wake-up less per request); librbd then runs that
+ * dispatch on the calling thread, blkd's event loop, and the loop CAN
+ * wait: librados' throttle (objecter_inflight_ops, _op_bytes) is one per
+ * cluster handle, shared with the workers' synchronous calls, librbd's
+ * cache flusher and readahead, and a submitter waits while it is full
+ * (an OSD away, many clients).  The caps below (half of each limit,
+ * counted from the values known before connecting) only make that less
+ * likely: they do not see the monitors' config database or `rbd config`
+ * pool/image settings, and the op/byte estimate undercounts. */
 static int
 rbdp_apply_ceph_opts (void)
 {
@@ -298,10 +293,6 @@ rbdp_apply_ceph_opts (void)
   for (i = 0; i < rbdp_n_ceph_opts; i++)
     if (rbdp_set (rbdp_ceph_opts[i].key, rbdp_ceph_opts[i].value) == -1)
       return -1;
-  if (!rbdp_ceph_opt ("rbd_non_blocking_aio") &&
-      !rbdp_get_is ("rbd_cache_block_writes_upfront", "true") &&
-      rbdp_set ("rbd_non_blocking_aio", "false") == -1)
-    return -1;
   rbdp_aio_inline = rbdp_get_is ("rbd_non_blocking_aio", "false");
   /* 0 turns librados' throttle off. */
   rbdp_cap_ops = rbdp_get_u64 ("objecter_inflight_ops") / 2 ?: UINT64_MAX;
@@ -1194,7 +1185,7 @@ static struct nbdkit_plugin plugin = {
     "timeout=<SECS>      Fail a request after SECS (default 0: wait).\n"
     "connect-timeout=<SECS> Bound on connecting at start-up (default 20).\n"
     "aio=false           Under blkd: no aio calls (compare with the thread path).\n"
-    "<ceph_option>=<VAL> Any Ceph option (rbd_cache=false, rbd_non_blocking_aio=true...).",
+    "<ceph_option>=<VAL> Any Ceph option (rbd_cache=false, rbd_non_blocking_aio=false...).",
   .magic_config_key  = "image",
   .get_ready         = rbdp_get_ready,
   .after_fork        = rbdp_after_fork,
