@@ -1057,6 +1057,12 @@ conn_events_off (struct conn *c)
 void
 conn_close_now (struct conn *c)
 {
+  struct shard *s = c->shard;
+
+  if (s->last_reader == c) {
+    s->last_reader = NULL;          /* shard.c's polling must not ask its socket */
+    s->last_reader_fd = -1;
+  }
   if (c->fd >= 0 && (c->read_block & CONN_READ_HS_CALL)) {
     /* A worker is in the plugin's .open (or .list_exports) for this
      * connection, which may ask for the client's address on this socket
