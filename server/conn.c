@@ -66,6 +66,7 @@ conn_new (struct shard *s, int fd, const char *peer)
   c->log.peer = c->peer;
   c->shard = s;
   c->fd = fd;
+  c->held_fd = -1;
   c->t_created = c->t_active = now_ns ();
   c->rcap = RBUF_SIZE;
   c->rcvlowat = 1;                  /* the kernel's default */
@@ -1078,16 +1079,28 @@ conn_close_now (struct conn *c)
     drop_output (c);
     return;
   }
+  drop_unstarted (c);
+  drop_output (c);                  /* both count in inflight */
   if (c->fd >= 0) {
     conn_events_off (c);
     tls_free (c);
-    close (c->fd);
+    if (c->inflight > 0) {
+      /* Workers (or the plugin's aio) hold requests of this connection,
+       * and the plugin may use the socket meanwhile (nbdkit_peer_name,
+       * nbdkit_nanosleep read peer_fd, unlocked): closing would let a new
+       * client's socket get the number.  Shut down now, so the client sees
+       * the end, and close once the last request is back
+       * (conn_maybe_free).  Everything else treats the client as gone. */
+      shutdown (c->fd, SHUT_RDWR);
+      c->held_fd = c->fd;
+    }
+    else {
+      close (c->fd);
+      c->pc.ctx.peer_fd = -1;
+    }
     c->fd = -1;
-    c->pc.ctx.peer_fd = -1;
   }
   c->phase = CONN_CLOSING;
-  drop_unstarted (c);
-  drop_output (c);
   conn_maybe_free (c);
 }
 
@@ -1112,6 +1125,11 @@ conn_maybe_free (struct conn *c)
   }
   if (c->inflight > 0)
     return false;                   /* workers still hold requests */
+  if (c->held_fd >= 0) {            /* no request left to use it */
+    close (c->held_fd);
+    c->held_fd = -1;
+    c->pc.ctx.peer_fd = -1;
+  }
 
   struct shard *s = c->shard;
   log_debug ("connection closed");

@@ -431,7 +431,10 @@ struct conn {
   struct log_ctx log;
   struct shard *shard;
   struct conn *next, *prev;       /* shard's list */
-  int fd;
+  int fd;                         /* -1 once the client is gone */
+  int held_fd;                    /* a gone client's socket, shut down but kept
+                                     open while workers or aio hold requests
+                                     (peer_fd: its number must not be reused) */
   struct event *ev_read, *ev_write;
   enum conn_phase phase;
   bool no_zeroes, structured, meta_base_allocation;

@@ -1,4 +1,4 @@
-/* gateopen test plugin: an .open and a .list_exports that wait for the test to let them go, to show who else waits meanwhile. */
+/* gateopen test plugin: an .open, a .list_exports and a .pread that wait for the test to let them go, to show who else waits meanwhile. */
 
 /* gate=DIR.  Opening an export whose name starts with "slow" (and listing
  * the exports, when DIR/list.hold exists) first creates DIR/NAME.entered
@@ -6,13 +6,21 @@
  * (DIR/list.release) exists: the test decides when the call returns, so
  * it can check what the server did meanwhile without timing anything.
  * Waits at most 60 s, then fails the call.  Other exports open at once.
- * The disk is 1 MiB of the byte 0x5a, read-only. */
+ * The disk is 1 MiB of the byte 0x5a, read-only.
+ *
+ * A read on the export "peer" waits for DIR/pread.release the same way,
+ * then asks for its client's address (nbdkit_peer_name) and sleeps
+ * (nbdkit_nanosleep, 30 s, which a hang-up cuts short), and writes what
+ * they said to DIR/pread.peer: "port N" or "port error", then "sleep R"
+ * (R the return value).  The test hangs the client up while the read is
+ * held and checks that the read still sees its own, gone, client. */
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,14 +75,59 @@ gate_wait (const char *what)
   return -1;
 }
 
+static int plain_handle, peer_handle;
+
 static void *
 gateopen_open (int readonly)
 {
-  static int handle;
   const char *name = nbdkit_export_name ();
   if (name && strncmp (name, "slow", 4) == 0 && gate_wait (name) == -1)
     return NULL;
-  return &handle;
+  return name && strcmp (name, "peer") == 0 ? &peer_handle : &plain_handle;
+}
+
+/* The client's port, or -1. */
+static int
+peer_port (void)
+{
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  if (nbdkit_peer_name ((struct sockaddr *) &ss, &len) == -1)
+    return -1;
+  if (ss.ss_family == AF_INET)
+    return ntohs (((struct sockaddr_in *) &ss)->sin_port);
+  if (ss.ss_family == AF_INET6)
+    return ntohs (((struct sockaddr_in6 *) &ss)->sin6_port);
+  return -1;
+}
+
+/* The held read of export "peer": what the plugin sees of its client. */
+static int
+peer_read (void)
+{
+  char path[PATH_MAX];
+  if (gate_wait ("pread") == -1)
+    return -1;
+  int port = peer_port ();
+  int slept = nbdkit_nanosleep (30, 0);
+  snprintf (path, sizeof path, "%s/pread.peer.tmp", gate_dir);
+  FILE *f = fopen (path, "w");
+  if (!f) {
+    nbdkit_error ("%s: %m", path);
+    return -1;
+  }
+  if (port >= 0)
+    fprintf (f, "port %d\n", port);
+  else
+    fprintf (f, "port error\n");
+  fprintf (f, "sleep %d\n", slept);
+  char final[PATH_MAX];
+  snprintf (final, sizeof final, "%s/pread.peer", gate_dir);
+  if (fclose (f) != 0 || rename (path, final) == -1) {
+    nbdkit_error ("%s: %m", final);
+    return -1;
+  }
+  return 0;
 }
 
 static int
@@ -105,6 +158,8 @@ gateopen_can_write (void *handle)
 static int
 gateopen_pread (void *handle, void *buf, uint32_t count, uint64_t offset, uint32_t flags)
 {
+  if (handle == &peer_handle && peer_read () == -1)
+    return -1;
   memset (buf, 0x5a, count);
   return 0;
 }
