@@ -270,7 +270,8 @@ rbdp_get_is (const char *opt, const char *want)
 }
 
 /* The user's Ceph options (plugin parameters), applied after the plugin's
- * own settings (rbdp_after_fork) so that they win.
+ * own settings (rbdp_after_fork) so that they win: client_mount_timeout=60
+ * beats connect-timeout's default, rados_osd_op_timeout= beats timeout=.
  *
  * rbd_non_blocking_aio stays at librbd's default (true): librbd's own
  * io_context_pool thread maps each aio call to object ops and does any
@@ -300,15 +301,22 @@ rbdp_apply_ceph_opts (void)
   return 0;
 }
 
-/* What a user can do about a failed rados_connect. */
+/* What a user can do about a failed rados_connect, in buf. */
 static const char *
-rbdp_connect_hint (int err)
+rbdp_connect_hint (int err, char *buf, size_t len)
 {
+  char secs[32];
+
   switch (err) {
   case ENOENT: return " (no keyring found: set keyring= or put one where ceph.conf says)";
   case EACCES:
   case EPERM: return " (authentication failed: check the key in the keyring and the id=)";
-  case ETIMEDOUT: return " (no monitor answered: check 'mon host' in the configuration)";
+  case ETIMEDOUT:
+    if (rados_conf_get (rbdp_cluster, "client_mount_timeout", secs, sizeof secs) < 0)
+      snprintf (secs, sizeof secs, "?");
+    snprintf (buf, len, " (no monitor answered within client_mount_timeout=%s s: "
+              "check 'mon host' in the configuration)", secs);
+    return buf;
   case EINVAL: return " (bad configuration: check the conf= file)";
   default: return "";
   }
@@ -320,7 +328,7 @@ static void *rbdp_closer (void *arg);
 static int
 rbdp_after_fork (void)
 {
-  char user[256], secs[16];
+  char user[256], secs[16], hint[160];
   int r;
 
   snprintf (user, sizeof user, "client.%s", rbdp_id ? rbdp_id : "admin");
@@ -344,9 +352,8 @@ rbdp_after_fork (void)
                     strerror (-r));
     goto fail;
   }
+  /* The plugin's own settings, then the user's Ceph options over them. */
   if (rbdp_keyring && rbdp_set ("keyring", rbdp_keyring) == -1)
-    goto fail;
-  if (rbdp_apply_ceph_opts () == -1)
     goto fail;
   snprintf (secs, sizeof secs, "%u", rbdp_connect_timeout);
   if (rbdp_set ("client_mount_timeout", secs) == -1)
@@ -356,11 +363,14 @@ rbdp_after_fork (void)
     if (rbdp_set ("rados_osd_op_timeout", secs) == -1)
       goto fail;
   }
+  if (rbdp_apply_ceph_opts () == -1)
+    goto fail;
   r = rados_connect (rbdp_cluster);
   if (r < 0) {
     nbdkit_error ("rbd: connecting to cluster '%s' as %s%s%s: %s%s",
                   rbdp_cluster_name, user, rbdp_conf ? " with conf=" : "",
-                  rbdp_conf ? rbdp_conf : "", strerror (-r), rbdp_connect_hint (-r));
+                  rbdp_conf ? rbdp_conf : "", strerror (-r),
+                  rbdp_connect_hint (-r, hint, sizeof hint));
     goto fail;
   }
   r = rados_ioctx_create (rbdp_cluster, rbdp_pool, &rbdp_io);

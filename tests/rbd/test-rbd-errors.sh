@@ -8,7 +8,12 @@ rbd_ create --size 8M img1
 # No monitor at the configured address: start-up fails within connect-timeout.
 dead_port
 sed -E "s/^mon host = .*/mon host = [v2:127.0.0.1:$DEAD_PORT]/" "$CEPH_CONF" >"$TMP/dead.conf"
-start_fails 'no monitor answered|timed out' conf="$TMP/dead.conf" id=blkd connect-timeout=3 image=img1
+start_fails 'no monitor answered within client_mount_timeout=3(\.0*)? s' conf="$TMP/dead.conf" \
+  id=blkd connect-timeout=3 image=img1
+# A Ceph option given as a parameter wins over the plugin's own setting of
+# it: client_mount_timeout=2 over connect-timeout's default (20).
+start_fails 'within client_mount_timeout=2(\.0*)? s' conf="$TMP/dead.conf" id=blkd \
+  client_mount_timeout=2 image=img1
 
 # A keyring with the wrong key, and one that is not there.
 ceph-authtool --create-keyring "$TMP/bad.keyring" --gen-key -n client.blkd >/dev/null
