@@ -24,14 +24,11 @@ With --dispatch inline the open runs on the shard thread as before; the
 pipelined options are checked there too."""
 
 import os
-import re
 import select
 import signal
 import struct
 import sys
-import time
 import subprocess
-import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
 from blkdtest import *  # noqa: E402,F401,F403
@@ -39,29 +36,8 @@ from restarttest import DONE, count, restart_server, wait_log  # noqa: E402
 
 if IS_NBDKIT:
     skip("checks blkd's shards (--shards, --metrics)")
-PLUGIN = os.path.join(TOP, "tests", "plugins", "nbdkit-gateopen-plugin.so")
-if not os.path.exists(PLUGIN):
-    skip("tests/plugins/nbdkit-gateopen-plugin.so not built (make check-build)")
-
-GATE = os.path.join(TMP, "gate")
-os.mkdir(GATE)
-
-
-def gate_file(name):
-    return os.path.join(GATE, name)
-
-
-def wait_entered(what, secs=20):
-    """Until the plugin says it is holding `what` (bounded)."""
-    deadline = time.time() + secs
-    while not os.path.exists(gate_file(what + ".entered")):
-        if time.time() > deadline:
-            fail("the plugin never entered %s" % what)
-        time.sleep(0.01)
-
-
-def release(what):
-    open(gate_file(what + ".release"), "w").close()
+from gatetest import (GATE, PLUGIN, connections, gate_file, release,  # noqa: E402
+                      wait_connections, wait_entered)
 
 
 def no_reply_yet(c, what):
@@ -86,20 +62,6 @@ def served_meanwhile(srv, who, held):
     except (OSError, ProtocolError) as e:
         fail("client %s could not finish while %s was held "
              "(does the call block the shard?): %s" % (who, held, e))
-
-
-def connections(srv):
-    url = "http://127.0.0.1:%d/metrics" % srv.metrics_port
-    with urllib.request.urlopen(url, timeout=10) as r:
-        m = re.search(r"^blkd_connections (\d+)", r.read().decode(), re.M)
-    return int(m.group(1)) if m else -1
-
-
-def wait_connections(srv, want, what, secs=10):
-    deadline = time.time() + secs
-    while connections(srv) != want and time.time() < deadline:
-        time.sleep(0.05)
-    check_eq(connections(srv), want, what)
 
 
 def server(*extra):

@@ -25,45 +25,14 @@ import re
 import socket
 import sys
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
 from blkdtest import *  # noqa: E402,F401,F403
 
 if IS_NBDKIT:
     skip("checks blkd's connection teardown (--dispatch, --metrics)")
-PLUGIN = os.path.join(TOP, "tests", "plugins", "nbdkit-gateopen-plugin.so")
-if not os.path.exists(PLUGIN):
-    skip("tests/plugins/nbdkit-gateopen-plugin.so not built (make check-build)")
-
-GATE = os.path.join(TMP, "gate")
-os.mkdir(GATE)
-
-
-def gate_file(name):
-    return os.path.join(GATE, name)
-
-
-def wait_for(path, what, secs=60):
-    deadline = time.time() + secs
-    while not os.path.exists(path):
-        if time.time() > deadline:
-            fail(what)
-        time.sleep(0.01)
-
-
-def connections(srv):
-    url = "http://127.0.0.1:%d/metrics" % srv.metrics_port
-    with urllib.request.urlopen(url, timeout=10) as r:
-        m = re.search(r"^blkd_connections (\d+)", r.read().decode(), re.M)
-    return int(m.group(1)) if m else -1
-
-
-def wait_connections(srv, want, what, secs=20):
-    deadline = time.time() + secs
-    while connections(srv) != want and time.time() < deadline:
-        time.sleep(0.05)
-    check_eq(connections(srv), want, what)
+from gatetest import (GATE, PLUGIN, connections, gate_file, release,  # noqa: E402
+                      wait_connections, wait_entered)
 
 
 def server_socket_fds(pid):
@@ -96,7 +65,7 @@ check(len(new) == 1, "one new server socket for client A", "new fds %r" % new)
 a_fd = new[0]
 
 a.send_request(NBD_CMD_READ, 0, 4096, cookie=1)
-wait_for(gate_file("pread.entered"), "the plugin never entered A's read")
+wait_entered("pread")
 
 # A hangs up; the server's side answers with its end of the stream once it
 # has seen that (shutdown or close: either way A reads EOF).
@@ -120,8 +89,11 @@ b.send_request(NBD_CMD_READ, 0, 4096, cookie=2)
 cookie, err, _, data = b.recv_reply(4096)
 check(cookie == 2 and err == 0 and data == b"\x5a" * 4096, "B is served while A's read is held")
 
-open(gate_file("pread.release"), "w").close()
-wait_for(gate_file("pread.peer"), "the plugin never finished A's read")
+release("pread")
+deadline = time.time() + 60
+while not os.path.exists(gate_file("pread.peer")) and time.time() < deadline:
+    time.sleep(0.01)
+check(os.path.exists(gate_file("pread.peer")), "the plugin finished A's read")
 with open(gate_file("pread.peer")) as f:
     said = dict(line.split(" ", 1) for line in f.read().split("\n") if line)
 print("A port %d, B port %d, plugin said %r" % (a_port, b_port, said))
