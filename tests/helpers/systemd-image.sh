@@ -11,11 +11,12 @@
 # sd_units DIR: the shipped units and /etc/default/blkd as
 # `make install-systemd` writes them, under DIR; sets SD_UNITS (their
 # directory) or returns 1.
+# shellcheck shell=bash disable=SC2034  # SD_* are for the caller
 : "${PODMAN:=$TOP/deploy/podman.sh}"
 
 sd_image() {
   local base=$1 ctx=$2; shift 2
-  SD_IMAGE= SD_WHY=
+  SD_IMAGE='' SD_WHY=''
   command -v podman >/dev/null 2>&1 || { SD_WHY="podman is not installed"; return 1; }
   command -v dpkg >/dev/null 2>&1 || { SD_WHY="dpkg is not installed"; return 1; }
   "$PODMAN" info >/dev/null 2>&1 ||

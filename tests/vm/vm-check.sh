@@ -35,7 +35,7 @@ CASES=${VM_CASES:-$ALL_CASES}
 # fdstore runs blkd.service under systemd in a podman container: the
 # image (built once, kept) and the shipped units, where podman and the
 # base image are here; without them the case skips and says why.
-SD_IMAGE= SD_WHY="the fdstore case was not asked for" SD_UNITS=
+SD_IMAGE='' SD_WHY="the fdstore case was not asked for" SD_UNITS=''
 if [[ " $CASES " == *" fdstore "* && " $SERVERS " == *" blkd "* ]]; then
   RAWIO=$TOP/plugins/rawio/nbdkit-rawio-plugin.so
   [ -f "$RAWIO" ] || fail "$RAWIO is not built (make all)"
