@@ -15,6 +15,7 @@
 # once and kept (its tag names what went into it).
 # run.sh: serial (a podman container with systemd)
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/helpers/systemd-image.sh"
 
 need podman
 need dpkg
@@ -27,41 +28,15 @@ PODMAN=$TOP/deploy/podman.sh
 BASE=${BASE:-localhost/debian:bookworm}
 RESTARTS=4
 
-"$PODMAN" info >/dev/null 2>&1 || skip "podman cannot run here: $("$PODMAN" info 2>&1 | tail -n 1)"
-"$PODMAN" image exists "$BASE" || skip "no base image $BASE (make container-base makes it)"
-
-# The Debian packages owning the libraries blkd and the plugin load (as
-# deploy/Containerfile finds them), so the host-built binary runs inside.
-pkgs=$(for f in "$BLKD" "$RAWIO"; do ldd "$f"; done |
-       awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u |
-       while read -r so; do dpkg -S "$(readlink -f "$so")" 2>/dev/null || dpkg -S "$so"; done |
-       sed -n 's/:.*//p' | sort -u | tr '\n' ' ')
-[ -n "$pkgs" ] || skip "cannot tell which Debian packages hold blkd's libraries"
-ctx=$TMP/image
-mkdir -p "$ctx"
-cat > "$ctx/Containerfile" <<EOF
-FROM $BASE
-RUN apt-get update -q \\
- && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends systemd $pkgs \\
- && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
-STOPSIGNAL SIGRTMIN+3
-ENTRYPOINT ["/lib/systemd/systemd"]
-EOF
-IMAGE=localhost/blkd-fdstore-test:$( (cat "$ctx/Containerfile"; "$PODMAN" image inspect -f '{{.Id}}' "$BASE") | sha256sum | cut -c1-12)
-if ! "$PODMAN" image exists "$IMAGE"; then
-  echo "building $IMAGE (systemd $pkgs)"
-  timeout 600 "$PODMAN" build -q --format docker --pull=never --network=host -t "$IMAGE" "$ctx" \
-    >"$TMP/build.log" 2>&1 ||
-    skip "cannot build the systemd test image (apt mirror unreachable?): $(tail -n 3 "$TMP/build.log")"
-fi
+sd_image "$BASE" "$TMP/image" "$BLKD" "$RAWIO" || skip "$SD_WHY"
+IMAGE=$SD_IMAGE
 
 # The shipped units, paths as `make install-systemd` writes them; the
 # environment file names this tree's rawio on a file in the unit's
 # StateDirectory, which outlives each blkd process as a disk must.
-make -s -C "$TOP" install-systemd DESTDIR="$TMP/root" >/dev/null || fail "make install-systemd"
-units=$TMP/root/etc/systemd/system
-grep -q -- '--fdstore' "$units/blkd.service" || fail "the installed blkd.service has no --fdstore"
-grep -q '^FileDescriptorStoreMax=[1-9]' "$units/blkd.service" || fail "blkd.service has no FileDescriptorStoreMax="
+sd_units "$TMP/root" ||
+  fail "make install-systemd, or the installed blkd.service lacks --fdstore or FileDescriptorStoreMax="
+units=$SD_UNITS
 cat > "$TMP/blkd.env" <<'EOF'
 BLKD_PLUGIN=/usr/local/lib/blkd/plugins/nbdkit-rawio-plugin.so
 BLKD_PLUGIN_ARGS="file=/var/lib/blkd/disk.img"

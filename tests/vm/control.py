@@ -32,6 +32,15 @@ Commands (reply: "OK ..." or "ERR reason"):
                          "CASE kill KIND PASS|FAIL ..." on stderr
   mkfile NAME SIZE       a sparse host file @TMP@/NAME -> OK
   stopall                stop every server -> OK
+  sdstart ID SIZE        blkd as the shipped blkd.service (--fdstore) with
+                         systemd as PID 1 of a podman container on the host's
+                         network (--sd-image), rawio on a SIZE-byte file in
+                         its StateDirectory, blkd.socket on a free port
+                         -> OK PORT 0 | SKIP reason; then pid ID is blkd's
+                         MainPID, grep ID searches its journal
+  sdrestart ID           systemctl restart blkd.service; checks that MainPID
+                         changed and the file descriptor store is empty
+                         again -> OK OLDPID NEWPID | ERR ...
 
 In ARGS, @TMP@ is the run's directory, @LOG@ the server's request log
 (@TMP@/ID.req.log) and @TLS@ the server's TLS material.
@@ -62,10 +71,17 @@ class Server:
         self.pid = proc.pid   # a daemon's (nbd-server's) from its pidfile
 
 
+class Unit:
+    """blkd.service in a podman container with systemd as PID 1."""
+    def __init__(self, sid, name, port):
+        self.sid, self.name, self.port = sid, name, port
+
+
 class Control:
     def __init__(self, args):
         self.a = args
         self.servers = {}
+        self.units = {}
 
     def subst(self, s, sid):
         return (s.replace("@TMP@", self.a.tmp).replace("@TLS@", self.a.tls or "")
@@ -173,6 +189,101 @@ class Control:
                 pass
             srv.proc.wait()
 
+    # ---- blkd.service under systemd (sdstart, sdrestart)
+
+    def podman(self, *args, timeout=60):
+        r = subprocess.run([self.a.podman] + list(args), stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=timeout)
+        return r.returncode, r.stdout.strip(), r.stderr.strip()
+
+    def sd(self, unit, *args, timeout=60):
+        return self.podman("exec", unit.name, *args, timeout=timeout)
+
+    def show(self, unit, prop):
+        return self.sd(unit, "systemctl", "show", "-p", prop, "--value",
+                       "blkd.service")[1]
+
+    def journal(self, unit):
+        return self.sd(unit, "journalctl", "-u", "blkd.service", "-u", "blkd.socket",
+                       "--no-pager", "-o", "cat")[1]
+
+    def sdstart(self, sid, size):
+        if not self.a.sd_image:
+            return "SKIP " + (self.a.sd_why or "no systemd test image")
+        if sid in self.units:
+            return "ERR %s is running" % sid
+        # The host's network: blkd.socket listens on the host's loopback,
+        # which the guest reaches as 192.0.2.2.  A free port, not 10809,
+        # which another server on this machine may hold.
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()
+        env = os.path.join(self.a.tmp, sid + ".env")
+        with open(env, "w") as f:
+            f.write("BLKD_PLUGIN=/usr/local/lib/blkd/plugins/nbdkit-rawio-plugin.so\n"
+                    "BLKD_PLUGIN_ARGS=\"file=/var/lib/blkd/disk.img\"\n"
+                    "BLKD_OPTIONS=\"-v --shards 2\"\n")
+        dropin = os.path.join(self.a.tmp, sid + ".socket.conf")
+        with open(dropin, "w") as f:
+            f.write("[Socket]\nListenStream=\nListenStream=127.0.0.1:%d\n" % port)
+        units = self.a.sd_units
+        rawio = os.path.join(self.a.top, "plugins/rawio/nbdkit-rawio-plugin.so")
+        unit = Unit(sid, "blkd-vm-%d-%s" % (os.getpid(), sid), port)
+        rc, out, err = self.podman(
+            "run", "-d", "--name", unit.name, "--systemd=always", "--network", "host",
+            "-v", self.a.blkd + ":/usr/local/bin/blkd:ro",
+            "-v", rawio + ":/usr/local/lib/blkd/plugins/nbdkit-rawio-plugin.so:ro",
+            "-v", units + "/blkd.service:/etc/systemd/system/blkd.service:ro",
+            "-v", units + "/blkd.socket:/etc/systemd/system/blkd.socket:ro",
+            "-v", dropin + ":/etc/systemd/system/blkd.socket.d/port.conf:ro",
+            "-v", env + ":/etc/default/blkd:ro", self.a.sd_image)
+        if rc != 0:
+            return "ERR podman run: " + err[-300:]
+        self.units[sid] = unit
+        log("%s: container %s, blkd.socket on 127.0.0.1:%d" % (sid, unit.name, port))
+        state = self.wait_for(lambda: self.sd(unit, "systemctl", "is-system-running")[1]
+                              in ("running", "degraded"), 30)
+        if not state:
+            return "ERR systemd in the container is not up after 30 s"
+        # The disk in the state directory systemd hands to the dynamic user.
+        rc, out, err = self.sd(unit, "sh", "-c", "mkdir -p /var/lib/private/blkd && "
+                               "chmod 0700 /var/lib/private && truncate -s %d "
+                               "/var/lib/private/blkd/disk.img" % int(size))
+        if rc != 0:
+            return "ERR creating the disk: " + err[-300:]
+        rc, out, err = self.sd(unit, "systemctl", "start", "blkd.socket")
+        if rc != 0:
+            return "ERR systemctl start blkd.socket: " + err[-300:]
+        return "OK %d 0" % port
+
+    def sdrestart(self, sid, secs="30"):
+        unit = self.units[sid]
+        pid0 = self.show(unit, "MainPID")
+        rc, out, err = self.sd(unit, "systemctl", "restart", "blkd.service",
+                               timeout=float(secs) + 30)
+        if rc != 0:
+            return "ERR systemctl restart: rc %d: %s" % (rc, err[-300:])
+        pid1 = self.show(unit, "MainPID")
+        if pid1 in ("", "0") or pid1 == pid0:
+            return "ERR MainPID %s -> %s: not a new process" % (pid0, pid1)
+        # The new blkd removes what it took from the store as it starts.
+        stored = self.wait_for(lambda: self.show(unit, "NFileDescriptorStore") == "0", 10)
+        if not stored:
+            return "ERR %s fd(s) still in the store after the restart" % (
+                self.show(unit, "NFileDescriptorStore"))
+        return "OK %s %s" % (pid0, pid1)
+
+    def sdstop(self, unit):
+        """Keeps the journal in @TMP@/ID.log, then removes the container."""
+        try:
+            with open(os.path.join(self.a.tmp, unit.sid + ".log"), "w") as f:
+                f.write(self.journal(unit) + "\n")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log("%s: journal: %s" % (unit.sid, e))
+        self.podman("rm", "-f", "-t", "0", unit.name)
+        del self.units[unit.sid]
+
     def get(self, sid):
         srv = self.servers.get(sid)
         if srv is None:
@@ -206,6 +317,8 @@ class Control:
         return "OK %d" % (self.get(sid).proc.poll() is None)
 
     def pid(self, sid):
+        if sid in self.units:
+            return "OK " + self.show(self.units[sid], "MainPID")
         return "OK %d" % self.get(sid).proc.pid
 
     def metric(self, sid, series):
@@ -261,8 +374,10 @@ class Control:
         return total
 
     def grep(self, sid, regex):
-        srv = self.get(sid)
-        text = open(srv.logpath, errors="replace").read()
+        if sid in self.units:
+            text = self.journal(self.units[sid])
+        else:
+            text = open(self.get(sid).logpath, errors="replace").read()
         return "OK %d" % len(re.findall(regex, text, re.M))
 
     def nfds(self, srv):
@@ -327,6 +442,8 @@ class Control:
         return "OK"
 
     def stopall(self):
+        for unit in list(self.units.values()):
+            self.sdstop(unit)
         for srv in self.servers.values():
             if srv.pid != srv.proc.pid:
                 self.kill(srv)
@@ -350,7 +467,8 @@ class Control:
               "metric": self.metric, "count": self.count, "cpu": self.cpu,
               "mkfile": self.mkfile, "stopall": self.stopall, "grep": self.grep,
               "fds": self.fds, "settle": self.settle, "restart": self.restart,
-              "killvm": self.killvm}.get(words[0])
+              "killvm": self.killvm, "sdstart": self.sdstart,
+              "sdrestart": self.sdrestart}.get(words[0])
         if fn is None:
             return "ERR unknown command " + words[0]
         try:
@@ -368,6 +486,11 @@ def main():
     ap.add_argument("--port-file", required=True)
     ap.add_argument("--bind", default="127.0.0.1",
                     help="address the servers and this service listen on")
+    ap.add_argument("--podman", default="podman")
+    ap.add_argument("--sd-image", default="",
+                    help="the systemd test image (tests/helpers/systemd-image.sh)")
+    ap.add_argument("--sd-units", default="", help="the installed units' directory")
+    ap.add_argument("--sd-why", default="", help="why there is no --sd-image")
     a = ap.parse_args()
     ctl = Control(a)
     ls = socket.socket()

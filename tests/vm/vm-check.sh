@@ -11,6 +11,7 @@
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/vm.sh"
 . "$(dirname "$0")/../helpers/tls.sh"
+. "$(dirname "$0")/../helpers/systemd-image.sh"
 
 why=$(vm_can_run) || skip "$why"
 [ -x "$BLKD" ] || fail "$BLKD is not built (make all)"
@@ -25,8 +26,27 @@ make_tls_material "$RUN/pki"
 mkdir -p "$RUN/tls"
 cp "$RUN/pki/client/"{ca-cert.pem,client-cert.pem,client-key.pem} "$RUN/tls/"
 
+# The ALL_CASES and CASES below; SERVERS likewise.
+ALL_CASES="fs:memory:4096 fs:ram:512 fs:file:4096 fs:rawio:4096 fio:memory discard multiconn
+readonly tls disconnect sigterm restart:persist restart:netlink live livetls fdstore kill"
+SERVERS=${VM_SERVERS:-blkd nbdkit}
+CASES=${VM_CASES:-$ALL_CASES}
+
+# fdstore runs blkd.service under systemd in a podman container: the
+# image (built once, kept) and the shipped units, where podman and the
+# base image are here; without them the case skips and says why.
+SD_IMAGE='' SD_WHY="the fdstore case was not asked for" SD_UNITS=''
+if [[ " $CASES " == *" fdstore "* && " $SERVERS " == *" blkd "* ]]; then
+  RAWIO=$TOP/plugins/rawio/nbdkit-rawio-plugin.so
+  [ -f "$RAWIO" ] || fail "$RAWIO is not built (make all)"
+  if sd_image "${BASE:-localhost/debian:bookworm}" "$RUN/image" "$BLKD" "$RAWIO"; then
+    sd_units "$RUN/root" || fail "make install-systemd, or its blkd.service lacks --fdstore"
+  fi
+fi
+
 /usr/bin/python3 "$VM_DIR/control.py" --tmp "$RUN" --tls "$RUN/pki/server" --top "$TOP" \
-  --blkd "$BLKD" --port-file "$RUN/ctl.port" 2>"$RUN/control.log" &
+  --blkd "$BLKD" --port-file "$RUN/ctl.port" --podman "$PODMAN" \
+  --sd-image "$SD_IMAGE" --sd-units "$SD_UNITS" --sd-why "$SD_WHY" 2>"$RUN/control.log" &
 SERVER_PIDS+=("$!")
 for ((i = 0; i < 100; i++)); do [ -s "$RUN/ctl.port" ] && break; sleep 0.1; done
 [ -s "$RUN/ctl.port" ] || fail "the control service did not start: $(cat "$RUN/control.log")"
@@ -41,14 +61,12 @@ host_ctl() {
   echo "$r"
 }
 
-# The guest's cases, NAME[:ARG[:ARG]] (tests/vm/guest/cases.sh), and each
-# one's time limit in seconds; "kill" must be last (it ends the boot).
-ALL_CASES="fs:memory:4096 fs:ram:512 fs:file:4096 fs:rawio:4096 fio:memory discard multiconn
-readonly tls disconnect sigterm restart:persist restart:netlink live livetls kill"
+# Each case's time limit in seconds (the cases, NAME[:ARG[:ARG]], are in
+# ALL_CASES above and tests/vm/guest/cases.sh; "kill" must be last: it
+# ends the boot).
 declare -A LIMIT=([fs]=120 [fio]=300 [discard]=90 [multiconn]=150 [readonly]=90 [tls]=150
-                  [disconnect]=120 [sigterm]=180 [restart]=180 [live]=180 [livetls]=150 [kill]=120)
-SERVERS=${VM_SERVERS:-blkd nbdkit}
-CASES=${VM_CASES:-$ALL_CASES}
+                  [disconnect]=120 [sigterm]=180 [restart]=180 [live]=180 [livetls]=150
+                  [fdstore]=240 [kill]=120)
 ACCEL=$(vm_accel)
 echo "vm-check: kernel $VM_KVER, accel $ACCEL, servers: $SERVERS"
 

@@ -378,6 +378,42 @@ case_restart() {
   note "fio ended ${t}s after the restart with exit $frc${ferr:+ ($ferr)}, $e I/O error lines in dmesg; device served again $how$kn"
 }
 
+# load_start SECS: ext4 on /dev/nbd0 with checksummed files, then fio
+# random writes with verify on a file in it for SECS, and a loop of
+# fsync'd writes beside it (FIO_PID, SYNC_PID); the kernel log's counts
+# now in e0 and m0.
+load_start() {
+  mkfs.ext4 -q -F $NBD && mount -t ext4 $NBD /mnt || fail "mkfs + mount"
+  fill_fs
+  e0=$(io_errors) m0=$(nbd_msgs)
+  fio --name=load --filename=/mnt/fio.dat --size=32M --ioengine=libaio --direct=1 \
+      --rw=randwrite --bs=4k --iodepth=8 --verify=crc32c --verify_backlog=256 \
+      --verify_fatal=1 --time_based --runtime="$1" --output-format=terse --terse-version=3 \
+      >/tmp/fio.load 2>&1 &
+  FIO_PID=$!
+  (i=0; while [ $i -lt 60 ]; do dd if=/dev/urandom of=/mnt/sync.$((i % 4)) bs=64k count=2 \
+     conv=fsync 2>/dev/null || exit 1; i=$((i + 1)); sleep 0.1; done) &
+  SYNC_PID=$!
+}
+
+# load_check WHAT: after load_start and WHAT (the restarts): fio and the
+# fsync loop clean, no I/O error or nbd driver message in the kernel log,
+# the files' sums, e2fsck -fn clean; detaches.
+load_check() {
+  wait_pid "$FIO_PID" 90 || fail "fio hung"
+  wait "$FIO_PID" || { cat /tmp/fio.load; fail "fio failed across the $1"; }
+  wait "$SYNC_PID" || fail "write + fsync failed across the $1"
+  e=$(($(io_errors) - e0))
+  nbdmsg=$(($(nbd_msgs) - m0))
+  # The kernel must not have seen a dead connection or a timeout either.
+  [ "$nbdmsg" = 0 ] || { dmesg | grep -E 'nbd[0-9]+: ' | tail -n 5; fail "$nbdmsg nbd driver messages during the $1"; }
+  [ "$e" = 0 ] || { dmesg | tail -n 20; fail "$e I/O error lines in the kernel log"; }
+  (cd /mnt && sha256sum -c -s /tmp/sums) || fail "checksums differ after the $1"
+  umount /mnt || fail umount
+  e2fsck -fn $NBD >/tmp/fsck 2>&1 || { cat /tmp/fsck; fail "e2fsck -fn found problems"; }
+  detach
+}
+
 # live: blkd's live restart (SIGUSR2: same PID, the connections handed to
 # the new image) three times while ext4 on a host file (the file plugin:
 # its data outlive the process) is under fio load with verify; no I/O
@@ -388,17 +424,7 @@ case_live() {
   serve "$SID" $PLUG
   pid0=$(ctl_ok pid "$SID") || exit 1
   attach -b 4096 -t 30
-  mkfs.ext4 -q -F $NBD && mount -t ext4 $NBD /mnt || fail "mkfs + mount"
-  fill_fs
-  e0=$(io_errors) m0=$(nbd_msgs)
-  fio --name=live --filename=/mnt/fio.dat --size=32M --ioengine=libaio --direct=1 \
-      --rw=randwrite --bs=4k --iodepth=8 --verify=crc32c --verify_backlog=256 \
-      --verify_fatal=1 --time_based --runtime=20 --output-format=terse --terse-version=3 \
-      >/tmp/fio.live 2>&1 &
-  fpid=$!
-  (i=0; while [ $i -lt 60 ]; do dd if=/dev/urandom of=/mnt/sync.$((i % 4)) bs=64k count=2 \
-     conv=fsync 2>/dev/null || exit 1; i=$((i + 1)); sleep 0.1; done) &
-  spid=$!
+  load_start 20
   for n in 1 2 3; do
     sleep 5
     ctl_ok signal "$SID" USR2 >/dev/null || exit 1
@@ -412,20 +438,43 @@ case_live() {
     done
     [ "$(ctl_ok pid "$SID")" = "$pid0" ] || fail "the PID changed"
   done
-  wait_pid "$fpid" 90 || fail "fio hung"
-  wait "$fpid" || { cat /tmp/fio.live; fail "fio failed across the live restarts"; }
-  wait "$spid" || fail "write + fsync failed across the live restarts"
-  e=$(($(io_errors) - e0))
-  nbdmsg=$(($(nbd_msgs) - m0))
-  # The kernel must not have seen a dead connection or a timeout either.
-  [ "$nbdmsg" = 0 ] || { dmesg | grep -E 'nbd[0-9]+: ' | tail -n 5; fail "$nbdmsg nbd driver messages during the restarts"; }
-  [ "$e" = 0 ] || { dmesg | tail -n 20; fail "$e I/O error lines in the kernel log"; }
-  (cd /mnt && sha256sum -c -s /tmp/sums) || fail "checksums differ after the restarts"
-  umount /mnt || fail umount
-  e2fsck -fn $NBD >/tmp/fsck 2>&1 || { cat /tmp/fsck; fail "e2fsck -fn found problems"; }
-  detach
+  load_check "live restarts"
   h=$(ctl_ok grep "$SID" 'live restart [0-9]+ done: serving again, 1 connection')
   note "3 live restarts (same PID, $h logged 1 connection handed over) under fio verify + fsync on ext4: fio clean, no I/O error or nbd driver message in dmesg, sums match, e2fsck -fn clean"
+}
+
+# fdstore: `systemctl restart blkd` three times under the same load as
+# live: blkd runs as the shipped blkd.service (--fdstore) with systemd 252
+# as PID 1 in a podman container on the host's network (the control
+# service starts it; rawio on a file in the unit's StateDirectory), so
+# each restart is a new process that takes the kernel's connection back
+# from systemd's file descriptor store.  Each restart must give a new
+# MainPID and leave the store empty; then the same checks as live.
+case_fdstore() {
+  [ "$SRV" = blkd ] || skip "$SRV has no restart through systemd's file descriptor store"
+  r=$(ctl sdstart "$SID" 268435456)
+  case $r in
+    OK*) set -- $r; PORT=$2 ;;
+    SKIP*) skip "${r#SKIP }" ;;
+    *) fail "sdstart: ${r:-no reply}" ;;
+  esac
+  say "blkd.service in systemd on port $PORT"
+  attach -b 4096 -t 30
+  load_start 30
+  pids=$(ctl_ok pid "$SID") || exit 1
+  for n in 1 2 3; do
+    sleep 5
+    # OK OLDPID NEWPID: the control service checked that the PID is new
+    # and the store empty again.
+    r=$(ctl_ok sdrestart "$SID") || exit 1
+    set -- $r
+    pids="$pids $2"
+    say "systemctl restart $n: MainPID $1 -> $2"
+  done
+  load_check "systemctl restarts"
+  h=$(ctl_ok grep "$SID" "from systemd's file descriptor store, 1 connection") || exit 1
+  [ "$h" -ge 3 ] || fail "blkd took the connection from the store $h times, want 3"
+  note "3 x systemctl restart (MainPIDs $pids; store empty after each; $h times 1 connection taken from the store) under fio verify + fsync on ext4: fio clean, no I/O error or nbd driver message in dmesg, sums match, e2fsck -fn clean"
 }
 
 # livetls: a live restart with a TLS session attached.  blkd closes TLS
