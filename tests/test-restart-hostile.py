@@ -46,6 +46,7 @@ def half_header(srv):
     c = RawClient(srv)
     c.handshake(structured=True)
     c.sock.sendall(RawClient.request(NBD_CMD_READ, 0, BS, cookie=7)[:10])
+    wait_server_read(c.sock)
     return c
 
 
@@ -54,6 +55,7 @@ def half_write(srv):
     c = RawClient(srv)
     c.handshake(structured=True)
     c.sock.sendall(RawClient.request(NBD_CMD_WRITE, MiB, 65536, cookie=8) + b"x" * 1000)
+    wait_server_read(c.sock)
     return c
 
 

@@ -91,3 +91,29 @@ def metrics_port(srv):
     """The metrics port the latest image bound (port 0 picks a new one)."""
     ports = re.findall(r"metrics on http://\S*:(\d+)/metrics", log_text(srv))
     return int(ports[-1]) if ports else None
+
+
+def wait_server_read(sock, timeout=10):
+    """Wait until the server has read everything sock sent it (its socket's
+    receive queue, in /proc/net/tcp, is empty): a restart decides on what
+    the server has read, and bytes still in its socket would simply travel
+    with the descriptor to the next image.  Fails after timeout seconds."""
+    host, port = sock.getsockname()[:2]
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        queued = None
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                with open(table) as f:
+                    rows = f.read().splitlines()[1:]
+            except OSError:
+                continue
+            for row in rows:
+                fields = row.split()
+                remote_port = int(fields[2].split(":")[1], 16)
+                if remote_port == port and fields[3] == "01":    # ESTABLISHED
+                    queued = int(fields[4].split(":")[1], 16)
+        if queued == 0:
+            return
+        time.sleep(0.01)
+    fail("the server did not read what %s:%d sent within %d s" % (host, port, timeout))
