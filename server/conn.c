@@ -263,6 +263,7 @@ conn_recv (struct conn *c, void *buf, size_t len)
 static enum send_result
 send_pending (struct conn *c)
 {
+  c->sendq_new = 0;
   for (;;) {
     struct iovec iov[SEND_IOV_MAX];
     int n = 0, flags = 0;
@@ -473,6 +474,7 @@ conn_on_complete (struct request *r)
   for (unsigned i = 0; i < r->niov; i++)
     c->sendq_bytes += r->iov[i].iov_len;
   c->sendq_bytes += r->send_len;
+  c->sendq_new++;
   /* A reply that does not send from its pool buffer (a WRITE's, whose
    * payload the plugin has consumed; an error; lent memory; a file) gives
    * it back now, not once the client has read the reply.  For a stream of
@@ -495,11 +497,18 @@ conn_on_complete (struct request *r)
     }
   }
   /* Big replies go out now, before the next request evicts them from
-   * cache.  A full socket sets CONN_READ_SEND_FULL, which stops the
-   * parser.  An error stops it too (CONN_READ_CLOSING); the conn_flush that follows every
-   * batch meets the error again and closes: closing here would free c
-   * under the parser. */
-  if (c->sendq_bytes >= SEND_EAGER && c->phase == CONN_TRANSMISSION
+   * cache; and so do --reply-batch small ones, so that a client that
+   * waits for replies before it sends more (a queue depth's worth at a
+   * time) is woken while the rest of the batch is still being served,
+   * not after it: where a wake-up across CPUs is dear, the client's and
+   * the server's work then overlap instead of taking turns.  Not for
+   * TLS, where each send seals records of its own.  A full socket sets
+   * CONN_READ_SEND_FULL, which stops the parser.  An error stops it too
+   * (CONN_READ_CLOSING); the conn_flush that follows every batch meets
+   * the error again and closes: closing here would free c under the
+   * parser. */
+  bool batch_full = cfg.reply_batch && c->sendq_new >= cfg.reply_batch && !c->tls;
+  if ((c->sendq_bytes >= SEND_EAGER || batch_full) && c->phase == CONN_TRANSMISSION
       && !(c->read_block & (CONN_READ_SEND_FULL | CONN_READ_CLOSING | CONN_READ_STARTTLS))
       && send_pending (c) == SEND_CLOSE)
     c->read_block |= CONN_READ_CLOSING;  /* stop parsing; conn_flush closes */

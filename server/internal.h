@@ -109,6 +109,7 @@ struct blkd_config {
   int workers;                    /* --threads: workers per shard (or global pool / shards) */
   uint32_t max_request;           /* --max-request: largest READ/WRITE payload */
   uint32_t max_inflight;          /* per connection before we stop reading */
+  uint32_t reply_batch;           /* --reply-batch: send once this many replies wait (0: off) */
   size_t iobuf_mem;               /* --iobuf-mem: pool bound, all shards */
   size_t iobuf_conn_cap;          /* pool bytes one connection may hold */
   enum iobuf_mode iobuf;
@@ -465,6 +466,7 @@ struct conn {
   struct outbuf out;
   struct request *sendq_head, *sendq_tail;
   size_t sendq_bytes;             /* reply bytes queued, not yet sent */
+  uint32_t sendq_new;             /* replies queued since the last send (--reply-batch) */
   bool stall_expired;             /* the socket stayed full SEND_STALL_MS: parse
                                      anyway, CONN_READ_SEND_FULL stays clear */
   struct event *ev_stall;         /* the SEND_STALL_MS timer */

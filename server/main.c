@@ -167,6 +167,9 @@ usage (FILE *f)
 "      --max-request SIZE largest READ/WRITE accepted and advertised (default 32M)\n"
 "      --max-inflight N   requests in flight per connection before reading\n"
 "                         pauses (default 512)\n"
+"      --reply-batch N    send a clear-text connection's replies once N wait,\n"
+"                         not only when its batch of requests is parsed\n"
+"                         (default 8; 0: only at the end of the batch)\n"
 "      --dispatch MODE    auto (default): call in-memory plugins on the shard\n"
 "                         thread, others on workers; inline; worker.  The\n"
 "                         handshake's .open and .list_exports go the same way\n"
@@ -261,7 +264,7 @@ parse_choice (const char *opt, const char *arg, const char *const *choices)
 }
 
 enum {
-  OPT_RUN = 256, OPT_DUMP_PLUGIN, OPT_SHARDS, OPT_POLL_US, OPT_MAX_REQUEST, OPT_MAX_INFLIGHT,
+  OPT_RUN = 256, OPT_DUMP_PLUGIN, OPT_SHARDS, OPT_POLL_US, OPT_MAX_REQUEST, OPT_MAX_INFLIGHT, OPT_REPLY_BATCH,
   OPT_DISPATCH, OPT_IOBUF, OPT_IOBUF_MEM, OPT_QUEUE, OPT_SPARSE_READS,
   OPT_MAX_CONNECTIONS, OPT_HANDSHAKE_TIMEOUT, OPT_IDLE_TIMEOUT, OPT_RESTART_TIMEOUT, OPT_TLS,
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_TLS_SUITES, OPT_METRICS, OPT_DELAYACCT,
@@ -307,6 +310,7 @@ static const struct option long_opts[] = {
   { "poll-us", required_argument, NULL, OPT_POLL_US },
   { "max-request", required_argument, NULL, OPT_MAX_REQUEST },
   { "max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT },
+  { "reply-batch", required_argument, NULL, OPT_REPLY_BATCH },
   { "dispatch", required_argument, NULL, OPT_DISPATCH },
   { "iobuf", required_argument, NULL, OPT_IOBUF },
   { "iobuf-mem", required_argument, NULL, OPT_IOBUF_MEM },
@@ -564,6 +568,9 @@ main (int argc, char **argv)
       break;
     case OPT_MAX_INFLIGHT:
       cfg.max_inflight = parse_int_opt ("--max-inflight", optarg, 1, 65536);
+      break;
+    case OPT_REPLY_BATCH:
+      cfg.reply_batch = parse_int_opt ("--reply-batch", optarg, 0, 65536);
       break;
     case OPT_DISPATCH:
       cfg.dispatch = parse_choice ("--dispatch", optarg,
