@@ -335,10 +335,15 @@ def parse_fio(out):
 
 def run_fio(uri, rw, bs, iodepth, numjobs, seconds, size, extra=(), wrap=(), sample_pid=None):
     """fio's nbd engine; wrap prefixes the command (taskset, perf stat)."""
-    out, shares, place = run_sampled(list(wrap) + fio_argv(uri, rw, bs, iodepth, numjobs,
-                                                           seconds, size, extra),
-                                     seconds, sample_pid)
-    r = parse_fio(out)
+    return run_parsed(list(wrap) + fio_argv(uri, rw, bs, iodepth, numjobs, seconds, size, extra),
+                      parse_fio, seconds, sample_pid)
+
+
+def run_parsed(argv, parse, seconds, sample_pid):
+    """Run a client with the server sampled mid-run; its parsed result
+    with the server's CPU shares and the placement added."""
+    out, shares, place = run_sampled(argv, seconds, sample_pid)
+    r = parse(out)
     r["srv_share_mid"], r["srv_thread_max"] = shares
     r["place"] = place
     return r
@@ -366,13 +371,9 @@ def parse_blkperf(out):
 
 def run_blkperf(blkperf, uri, test, bs, iodepth, conns, seconds, extra=(), wrap=(),
                 sample_pid=None):
-    out, shares, place = run_sampled(list(wrap) + blkperf_argv(blkperf, uri, test, bs, iodepth,
-                                                               conns, seconds, extra),
-                                     seconds, sample_pid)
-    r = parse_blkperf(out)
-    r["srv_share_mid"], r["srv_thread_max"] = shares
-    r["place"] = place
-    return r
+    return run_parsed(list(wrap) + blkperf_argv(blkperf, uri, test, bs, iodepth, conns, seconds,
+                                                extra),
+                      parse_blkperf, seconds, sample_pid)
 
 
 def scrape_requests(url, timeout=5):

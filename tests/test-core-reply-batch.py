@@ -6,7 +6,8 @@
 # segment are read by the shard in one go and answered inline (memory);
 # strace counts the sendmsg calls that carry their replies: 32 / N with
 # --reply-batch N, one with --reply-batch 0.  Every reply is right either
-# way (cookies, data).
+# way (cookies, data).  A value that is not a count in range is refused
+# at start.
 import os
 import shutil
 import signal
@@ -63,6 +64,12 @@ def sends_for(batch):
         calls = [line for line in f if "sendmsg(" in line and "= -1" not in line]
     return len(calls)
 
+
+for bad in ("-1", "65537", "x", ""):
+    r = subprocess.run([BLKD, "--reply-batch", bad, "memory", "1M"], capture_output=True,
+                       text=True, timeout=10)
+    check(r.returncode == 1 and "--reply-batch" in r.stderr,
+          "--reply-batch %r is refused at start" % bad, r.stderr.strip())
 
 for batch, want in ((8, N // 8), (0, 1)):
     n = sends_for(batch)
