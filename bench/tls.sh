@@ -6,7 +6,7 @@
 #   bench/tls.sh [ROUNDS]        (default 3; env: SIZE=1G BLKD=./blkd
 #                                 REQ="262144 4096" MODE=x509|psk
 #                                 CIPHER=default|aes128|aes256
-#                                 BASE=PATH PROFILE=DIR)
+#                                 BASE=PATH PROFILE=DIR PIN=1)
 #
 # BASE=PATH adds another blkd binary with default settings ("blkd_base"),
 # e.g. one built from an earlier commit, for a before/after in one run.
@@ -17,6 +17,11 @@
 # NAME-REQ.report (perf report --no-children), and the system calls per
 # MiB are printed.  Needs perf and the right to trace the servers (root,
 # or kernel.perf_event_paranoid <= 1 and tracefs readable).
+#
+# PIN=1: every server's threads on the last CPU and nbdcopy on CPU 0
+# (pinned apart), so that the client and the server cannot take each
+# other's CPU and the rate says which server is cheaper; nbdcopy's CPU
+# share is printed beside each run so that a client-bound run shows.
 #
 # CIPHER: each server picks the TLS 1.3 suite by its own preference
 # (default: blkd AES-128-GCM, nbdkit/GnuTLS AES-256-GCM); aes128/aes256
@@ -144,6 +149,16 @@ echo "# filling both disks with a non-zero pattern ($SIZE)"
 for s in $SERVERS; do
   nbdcopy -- [ nbdkit pattern "$SIZE" ] "$(uri $s)"
 done
+CLIENT_WRAP=()
+if [ "${PIN:-0}" = 1 ]; then
+  last=$(($(nproc) - 1))
+  [ "$last" -ge 1 ] || fail "PIN=1 needs two CPUs"
+  for s in $SERVERS; do
+    pidv=PID_$s
+    taskset -a -p -c "$last" "${!pidv}" >/dev/null || fail "cannot pin $s"
+  done
+  CLIENT_WRAP=(taskset -c 0)
+fi
 bytes=$(nbdinfo --size "$(uri blkd)")
 mib=$((bytes / 1048576))
 hz=$(getconf CLK_TCK)
@@ -152,21 +167,26 @@ echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: 
 echo "# $(grep -m1 'blkd: TLS' "$TMP/blkd.log")"
 echo "# TLS 1.3 suites (CIPHER=$CIPHER): blkd $(suite blkd), nbdkit $(suite nbdkit)"
 echo "# $ROUNDS rounds, $mib MiB per run, nbdcopy defaults otherwise (multi-conn)"
-printf '%-6s %-5s %-8s %5s %10s %12s\n' server mode req round MiB/s cpu_us/MiB
+printf '%-6s %-5s %-8s %5s %10s %12s %7s %7s\n' server mode req round MiB/s cpu_us/MiB server client
 : >"$TMP/results"
 mode=$MODE
+TIMEFORMAT='%U %S'
   for req in $REQ; do
     for ((r = 1; r <= ROUNDS; r++)); do
       for s in $SERVERS; do
         pidv=PID_$s
         c0=$(cpu_ticks "${!pidv}")
         t0=$(date +%s.%N)
-        nbdcopy "$(uri $s)" null: --request-size="$req"
+        # bash's time reports the client's own CPU (user, system) on fd 2.
+        { time "${CLIENT_WRAP[@]}" nbdcopy "$(uri $s)" null: --request-size="$req" 2>&3; } 3>&2 2>"$TMP/client-time"
         t1=$(date +%s.%N)
         c1=$(cpu_ticks "${!pidv}")
         rate=$(echo "$mib / ($t1 - $t0)" | bc -l)
         cpu=$(echo "($c1 - $c0) * 1000000 / $hz / $mib" | bc -l)
-        printf '%-6s %-5s %-8s %5d %10.0f %12.0f\n' "$s" "$mode" "$req" "$r" "$rate" "$cpu"
+        # CPU shares: CPU seconds per wall second (one thread full = 1.00).
+        sshare=$(echo "($c1 - $c0) / $hz / ($t1 - $t0)" | bc -l)
+        cshare=$(awk -v w="$(echo "$t1 - $t0" | bc -l)" '{print ($1 + $2) / w}' "$TMP/client-time")
+        printf '%-6s %-5s %-8s %5d %10.0f %12.0f %7.2f %7.2f\n' "$s" "$mode" "$req" "$r" "$rate" "$cpu" "$sshare" "$cshare"
         echo "$s $mode $req $rate $cpu" >>"$TMP/results"
       done
     done
