@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -36,16 +35,7 @@ PAYLOAD_MARK_MAX = MiB            # conn.c's LOWAT_MAX
 srv = Server(["memory", "64M"], opts=["--shards", "1", "--poll-us", "0"])
 h = nbd_connect(srv)
 trace = os.path.join(TMP, "strace-ackmark")
-st = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=setsockopt,epoll_wait", "-o", trace,
-                       "-p", str(srv.proc.pid)])
-for _ in range(100):                     # attached once it has written the file
-    if os.path.exists(trace):
-        break
-    time.sleep(0.1)
-time.sleep(1)
-if st.poll() is not None:
-    srv.stop()
-    skip("strace cannot attach here")
+st = strace_attach(srv, trace, "setsockopt,epoll_wait")
 
 c = RawClient(srv)
 c.handshake(structured=False)
