@@ -827,17 +827,11 @@ read_some (struct conn *c)
  * at least what the client is about to send, so that never stalls it. */
 #define LOWAT_MAX (1024 * 1024)
 
+/* Set the mark to want (bytes), keeping the shard's count of
+ * connections that wait on one. */
 static void
-conn_set_lowat (struct conn *c)
+conn_lowat_to (struct conn *c, int want)
 {
-  int want = 1;
-  if (c->lowat_off)
-    return;
-  if (c->recv_req && c->roff == c->rlen) {
-    uint32_t left = c->recv_req->count - c->recv_have;
-    if (left >= DIRECT_THRESHOLD)
-      want = left < LOWAT_MAX ? (int) left : LOWAT_MAX;
-  }
   if (want == c->rcvlowat)
     return;
   if (setsockopt (c->fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == -1) {
@@ -852,11 +846,49 @@ conn_set_lowat (struct conn *c)
   c->rcvlowat = want;
 }
 
+static void
+conn_set_lowat (struct conn *c)
+{
+  int want = 1;
+  if (c->lowat_off)
+    return;
+  if (c->recv_req && c->roff == c->rlen) {
+    uint32_t left = c->recv_req->count - c->recv_have;
+    if (left >= DIRECT_THRESHOLD)
+      want = left < LOWAT_MAX ? (int) left : LOWAT_MAX;
+  }
+  conn_lowat_to (c, want);
+}
+
+/* While the shard works through a stream of big WRITEs, the mark is
+ * raised far above anything queued (conn_pump), and conn_set_lowat puts
+ * it back before the loop sleeps.  The mark changes when TCP
+ * acknowledges: data that arrives while the application has not read
+ * what came before (and the window would shrink) is acknowledged only
+ * when we read it, unless less than the mark is queued
+ * (__tcp_ack_snd_check).  Those held acknowledgements are what let the
+ * client send: its congestion window (a few dozen segments on loopback
+ * with BBR) fills with segments sitting unread in our receive queue, the
+ * rest of its refill waits in its socket, and each readv here then
+ * acknowledges, which on loopback runs the client's transmit of the
+ * next segments on our CPU, inside our readv.  With every segment pair
+ * acknowledged on arrival, the client's whole queue depth reaches our
+ * receive queue, and the shard reads a backlog
+ * instead of taking turns with the client.  Costs two setsockopt calls
+ * per wake-up of a big-write stream.  Limit: a receive buffer locked
+ * small (SO_RCVBUF) caps the mark at half of it, and the kernel may
+ * raise an unlocked buffer to fit the mark (tcp_set_rcvlowat) — within
+ * net.ipv4.tcp_rmem's maximum, which autotuning reaches anyway. */
+#define LOWAT_ACK (8 * 1024 * 1024)
+
 /* Input handling shared by the read event and resumption after a pause. */
 static void
 conn_pump (struct conn *c, bool do_read)
 {
   bool blocked = false;
+
+  if (c->write_stream && !c->lowat_off && !c->tls && c->fd >= 0)
+    conn_lowat_to (c, LOWAT_ACK);   /* acknowledge at once meanwhile (above) */
 
   for (int i = 0; i < READS_PER_EVENT; i++) {
     if (do_read) {

@@ -39,16 +39,7 @@ def sends_for(batch):
         cookie, error, _, _ = c.recv_reply()
         check_eq((cookie, error), (1000 + i, 0), "write %d" % i)
     trace = os.path.join(TMP, "strace-%d" % batch)
-    st = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=sendmsg", "-o", trace,
-                           "-p", str(srv.proc.pid)])
-    for _ in range(100):                 # attached once it has written the file
-        if os.path.exists(trace):
-            break
-        time.sleep(0.1)
-    time.sleep(1)
-    if st.poll() is not None:
-        srv.stop()
-        skip("strace cannot attach here")
+    st = strace_attach(srv, trace, "sendmsg")
     c.sock.sendall(b"".join(RawClient.request(NBD_CMD_READ, i * BS, BS, cookie=i)
                             for i in range(N)))
     for i in range(N):

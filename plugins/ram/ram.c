@@ -34,8 +34,8 @@
  * holds one until blkd releases it.  Taking a reference happens under the
  * stripe's read lock, so it cannot race the free that swaps the pointer
  * out under the write lock; the free then only drops the table's
- * reference, and the memory goes back to malloc when the last unsent
- * reply lets go.  So a trimmed, zeroed or replaced chunk is never reused
+ * reference, and the memory is freed (or kept as a spare, never while
+ * referenced) when the last unsent reply lets go.  So a trimmed, zeroed or replaced chunk is never reused
  * while a reply still points into it.  A write into a lent chunk lands in
  * place (no copy-on-write): a reply racing it carries, byte by byte, the
  * old or the new data of this disk, never anything else.  A whole-chunk
@@ -97,16 +97,48 @@ ram_refs(unsigned char *p)
   return (unsigned int *)(p + RAM_CHUNK);
 }
 
+/* Chunks whose last reference went, kept for the next allocation.  A
+ * stream of whole-chunk WRITEs allocates a chunk for every 64 KiB it
+ * receives (pwrite_place) and lets go of the one each replaces: through
+ * malloc that is a split and a merge of free blocks per chunk, and now
+ * and then fresh pages to fault in.  A spare goes only to a caller that
+ * fills all of it before anyone can read it (the placed payload, or a
+ * new chunk's piece and its zeroed margins), so its old bytes never
+ * reach a client.  Bounded: past RAM_SPARE_MAX a chunk goes back to
+ * malloc, so trimming a disk still gives its memory back.  Limit: a
+ * spare is as cold as the chunk it was; this saves the allocator's
+ * work, not the cost of writing into memory out of cache. */
+#define RAM_SPARE_MAX 64
+static pthread_mutex_t ram_spare_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char *ram_spare[RAM_SPARE_MAX];
+static unsigned ram_nspare;
+
 /* A chunk with one reference (its caller's), contents undefined. */
 static unsigned char *
 ram_chunk_new(void)
 {
   unsigned char *p;
 
-  if (posix_memalign((void **)&p, 4096, RAM_CHUNK + RAM_TAIL) != 0)
+  pthread_mutex_lock(&ram_spare_lock);
+  p = ram_nspare ? ram_spare[--ram_nspare] : NULL;
+  pthread_mutex_unlock(&ram_spare_lock);
+  if (!p && posix_memalign((void **)&p, 4096, RAM_CHUNK + RAM_TAIL) != 0)
     return NULL;
   __atomic_store_n(ram_refs(p), 1, __ATOMIC_RELAXED);
   return p;
+}
+
+/* The last reference went: keep the chunk as a spare, or free it. */
+static void
+ram_chunk_drop(unsigned char *p)
+{
+  pthread_mutex_lock(&ram_spare_lock);
+  if (ram_nspare < RAM_SPARE_MAX) {
+    ram_spare[ram_nspare++] = p;
+    p = NULL;
+  }
+  pthread_mutex_unlock(&ram_spare_lock);
+  free(p);
 }
 
 static void
@@ -119,7 +151,7 @@ static void
 ram_chunk_put(unsigned char *p)
 {
   if (p && __atomic_sub_fetch(ram_refs(p), 1, __ATOMIC_ACQ_REL) == 0)
-    free(p);
+    ram_chunk_drop(p);
 }
 
 static void
@@ -138,6 +170,8 @@ ram_unload(void)
     free(ram_dir);
     ram_dir = NULL;
   }
+  while (ram_nspare > 0)              /* the spares the puts above made */
+    free(ram_spare[--ram_nspare]);
   if (ram_stripes_ready) {
     for (i = 0; i < RAM_STRIPES; i++)
       pthread_rwlock_destroy(&ram_stripes[i].lock);
@@ -368,7 +402,7 @@ ram_write_piece(uint64_t chunk, uint32_t in, const unsigned char *src,
   if (!__atomic_compare_exchange_n(slot, &p, fresh, false,
                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
     /* Lost the race: another writer installed a chunk first. */
-    free(fresh);
+    ram_chunk_put(fresh);
     memcpy(p + in, src, n);
   }
   pthread_rwlock_unlock(lock);

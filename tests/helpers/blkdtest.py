@@ -766,3 +766,21 @@ def read_via_chunks(chunks, offset, length):
     if pos != length:
         raise ProtocolError("read chunks cover %d of %d bytes" % (pos, length))
     return bytes(buf), types
+
+
+def strace_attach(srv, trace, calls):
+    """strace -f on the running server, tracing `calls` (e.g.
+    "sendmsg") into the file `trace`; returns the strace process once it
+    has attached, or stops the server and skips where strace cannot
+    attach (a container without ptrace)."""
+    st = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=" + calls, "-o", trace,
+                           "-p", str(srv.proc.pid)])
+    for _ in range(100):                 # attached once it has written the file
+        if os.path.exists(trace):
+            break
+        time.sleep(0.1)
+    time.sleep(1)
+    if st.poll() is not None:
+        srv.stop()
+        skip("strace cannot attach here")
+    return st
