@@ -124,7 +124,7 @@ has nbdkit-py && start nbdkit-py nbdkit -f -i 127.0.0.1 -p @PORT@ python "$TOP/b
   conf="$CEPH_CONF" image=img-nbdkit-py
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-# thread_snap PID FILE: per thread, its kind, CPU ticks and context switches.
+# thread_snap PID FILE: per thread, its kind, id, CPU ticks and context switches.
 thread_snap() {
   local t comm ticks cs
   for t in /proc/"$1"/task/*; do
@@ -132,11 +132,11 @@ thread_snap() {
     ticks=$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12 + $13 }') || continue
     cs=$(awk '/ctxt_switches/ { n += $2 } END { print n + 0 }' "$t/status" 2>/dev/null) || continue
     case $comm in
-      blkd.s*.w*) echo "workers $ticks $cs" ;;
-      blkd.s*|qemu-nbd|nbdkit) echo "loop $ticks $cs" ;;
-      msgr-worker-*) echo "msgr $ticks $cs" ;;
-      io_context_poo*) echo "librbd-io $ticks $cs" ;;
-      *) echo "other $ticks $cs" ;;
+      blkd.s*.w*) echo "workers ${t##*/} $ticks $cs" ;;
+      blkd.s*|qemu-nbd|nbdkit) echo "loop ${t##*/} $ticks $cs" ;;
+      msgr-worker-*) echo "msgr ${t##*/} $ticks $cs" ;;
+      io_context_poo*) echo "librbd-io ${t##*/} $ticks $cs" ;;
+      *) echo "other ${t##*/} $ticks $cs" ;;
     esac
   done >"$2"
 }
@@ -181,8 +181,8 @@ run() {
     cpu=$(awk '{ print $1 + $2 }' "$W/time.out")
     : >"$W/threads0"; : >"$W/threads1"
   fi
-  # Per thread kind: CPU us and context switches per request, over the
-  # threads that lived through the whole run.
+  # Per thread kind: CPU us and context switches per request, and how many
+  # of its threads ran at all, over the threads that lived through the run.
   $PY - "$W/fio.json" "$s" "$wl" "$HZ" "$W/threads0" "$W/threads1" <<'EOF' >>"$W/threads"
 import json, sys
 from collections import defaultdict
@@ -190,15 +190,15 @@ f, s, wl, hz, a, b = sys.argv[1:7]
 j = json.load(open(f))["jobs"][0]
 ios = max(j["read"]["total_ios"] + j["write"]["total_ios"], 1)
 def load(p):
-    d = defaultdict(lambda: [0, 0])
-    for line in open(p):
-        k, t, c = line.split()
-        d[k][0] += int(t); d[k][1] += int(c)
-    return d
-d0, d1 = load(a), load(b)
-for k in d1:
-    print(s, wl, k, "%.2f" % ((d1[k][0] - d0[k][0]) / int(hz) * 1e6 / ios),
-          "%.3f" % ((d1[k][1] - d0[k][1]) / ios))
+    return {tid: (k, int(t), int(c)) for k, tid, t, c in (l.split() for l in open(p))}
+t0, t1 = load(a), load(b)
+d = defaultdict(lambda: [0, 0, 0])
+for tid, (k, t, c) in t1.items():
+    if tid in t0:
+        dt, dc = t - t0[tid][1], c - t0[tid][2]
+        d[k][0] += dt; d[k][1] += dc; d[k][2] += dt > 0 or dc > 0
+for k, (t, c, n) in d.items():
+    print(s, wl, k, "%.2f" % (t / int(hz) * 1e6 / ios), "%.3f" % (c / ios), n)
 EOF
   # The CPU covers the whole run (ramp included), the requests only those
   # after the ramp: a slight overestimate, the same for every server.
@@ -272,12 +272,13 @@ from collections import defaultdict
 res, out, up = sys.argv[1:4]
 v = defaultdict(list)
 for line in open(res):
-    s, wl, k, us, cs = line.split()
-    v[(wl, s, k)].append((float(us), float(cs)))
+    s, wl, k, us, cs, n = line.split()
+    v[(wl, s, k)].append((float(us), float(cs), int(n)))
 kinds = ["loop", "workers", "msgr", "librbd-io", "other"]
 rows = list(dict.fromkeys((wl, s) for wl, s, _ in v))
 lines = ["# rbd: server CPU per request by thread kind (bench/rbd.sh)", "",
-         "Medians over the rounds: CPU us per request (context switches per request).",
+         "Medians over the rounds: CPU us per request (context switches per request)",
+         "[threads of that kind that ran].",
          "", "```", open(up).read().strip(), "```", "",
          "| workload | server | " + " | ".join(kinds) + " | total |",
          "|---" * (len(kinds) + 3) + "|"]
@@ -290,7 +291,7 @@ for wl, s in rows:
             continue
         us = statistics.median(x[0] for x in r); cs = statistics.median(x[1] for x in r)
         tu += us; tc += cs
-        cells.append("%.1f (%.2f)" % (us, cs))
+        cells.append("%.1f (%.2f) [%d]" % (us, cs, max(x[2] for x in r)))
     lines.append("| %s | %s | %s | %.1f (%.2f) |" % (wl, s, " | ".join(cells), tu, tc))
 open(out, "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
