@@ -15,19 +15,33 @@ With --client blkperf the load is blkperf pinned apart from the server
 (server on the last CPU, blkperf on CPU 0), as the anchors' targets rows
 run it, and blkperf's own CPU per request is shown where fio's is.
 
+With --profile the server is also sampled (perf record -g, cpu-clock)
+during each run, and a second table splits its CPU by part: user-space
+memcpy (a plugin's copy, and blkd's of small WRITE payloads out of its
+read buffer), the rest of the plugin, the server's own code (with its
+event loop and clock reads), the kernel's send path (and within it the
+wake-up of a sleeping client and the copy into the socket), receives,
+waits (epoll, futex) and the rest.  Shares of the server's samples; times
+them by its CPU per request for microseconds.
+
 Usage: bench/per-request.py [--rounds N] [--seconds S] [--plugin memory]
           [--rw write --bs 256k --iodepth 16] [--prefill-bs 1M]
-          [--client fio|blkperf] [--env VAR=VALUE] SERVER [SERVER ...]
+          [--client fio|blkperf] [--profile] [--env VAR=VALUE] SERVER [SERVER ...]
 Example: bench/per-request.py --rw write --bs 256k --iodepth 16 \\
           nbdkit ./blkd "./blkd --poll-us 0"
 The 256 KiB WRITE row, pinned apart (make bench-write-counts):
          bench/per-request.py --client blkperf --rw write --bs 256k \\
           --iodepth 16 nbdkit ./blkd
+Where a 4 KiB READ's server CPU goes (docs/ARCHITECTURE.md, "What a
+small request costs"):
+         bench/per-request.py --client blkperf --rw randread --bs 4k \\
+          --iodepth 32 --profile nbdkit ./blkd
 """
 
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -75,6 +89,52 @@ def per_request(iops, n, srv_user_s, srv_sys_s, client_us, sp, fp):
     }
 
 
+# --profile: the parts of the server's CPU, from its perf samples.
+PARTS = ["memcpy", "plugin", "server code", "send", "  wake client", "  copy to socket",
+         "receive", "wait", "other"]
+
+
+def perf_report(path, args):
+    return subprocess.run(["perf", "report", "-i", path, "--stdio", "-g", "none"] + args,
+                          capture_output=True, text=True).stdout
+
+
+def profile_split(path):
+    """Shares (percent) of the server's samples by part."""
+    total = {}          # symbol -> children share (the symbol and what it calls)
+    for line in perf_report(path, ["--children", "--sort", "sym"]).splitlines():
+        m = re.match(r"\s+([\d.]+)%\s+([\d.]+)%\s+\[.\]\s+(\S+)", line)
+        if m:
+            total[m.group(3)] = (float(m.group(1)), float(m.group(2)))
+    dso, memcpy = {}, 0.0
+    for line in perf_report(path, ["--no-children", "--sort", "dso,sym"]).splitlines():
+        m = re.match(r"\s+([\d.]+)%\s+(\S+)\s+\[.\]\s+(\S+)", line)
+        if not m:
+            continue
+        share, d, sym = float(m.group(1)), m.group(2), m.group(3)
+        if d.startswith("libc") and re.match(r"__mem(move|cpy)", sym):
+            memcpy += share
+        else:
+            dso[d] = dso.get(d, 0.0) + share
+
+    def ch(*syms):
+        return sum(total.get(k, (0, 0))[0] for k in syms)
+    out = {
+        "memcpy": memcpy,
+        "plugin": sum(v for k, v in dso.items() if "plugin" in k or "filter" in k),
+        "server code": sum(v for k, v in dso.items()
+                           if k.startswith("blkd") or k == "nbdkit" or "libevent" in k
+                           or k == "[vdso]"),
+        "send": ch("__sys_sendmsg", "__sys_sendto", "do_writev", "__x64_sys_sendfile64"),
+        "  wake client": ch("sock_def_readable"),
+        "  copy to socket": total.get("_copy_from_iter", (0, 0))[1],
+        "receive": ch("ksys_read", "do_readv", "__sys_recvfrom", "__sys_recvmsg"),
+        "wait": ch("do_epoll_wait", "do_futex"),
+    }
+    out["other"] = 100.0 - sum(v for k, v in out.items() if not k.startswith(" "))
+    return out
+
+
 def run_one(spec, a, tmp):
     argv = shlex.split(spec)
     port = free_port()
@@ -103,9 +163,20 @@ def run_one(spec, a, tmp):
         u0, s0 = proc_cpu(srv.pid)
         perf = subprocess.Popen(["perf", "stat", "-x,", "-e", ",".join(EVENTS), "-p",
                                  str(srv.pid), "-o", sp])
+        rec = None
+        if a.profile:
+            rec_path = os.path.join(tmp, "srv.data")
+            rec = subprocess.Popen(["perf", "record", "-q", "-g", "-F", "999", "-p",
+                                    str(srv.pid), "-o", rec_path],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.2)
         if a.client == "blkperf":
-            return run_blkperf_counted(a, srv, uri, sp, fp, perf, u0, s0)
+            r = run_blkperf_counted(a, srv, uri, sp, fp, perf, u0, s0)
+            if rec:
+                rec.send_signal(signal.SIGINT)
+                rec.wait(30)
+                r["split"] = profile_split(rec_path)
+            return r
         out = subprocess.run(["perf", "stat", "-x,", "-e", ",".join(EVENTS), "-o", fp] +
                              fio_base + ["--name=b", "--rw=" + a.rw, "--bs=" + a.bs,
                                          "--iodepth=%d" % a.iodepth, "--time_based",
@@ -114,14 +185,20 @@ def run_one(spec, a, tmp):
         u1, s1 = proc_cpu(srv.pid)
         perf.send_signal(signal.SIGINT)
         perf.wait(10)
+        if rec:
+            rec.send_signal(signal.SIGINT)
+            rec.wait(30)
         if out.returncode != 0:
             raise RuntimeError("fio failed: %s" % out.stderr)
         j = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
         io = j["read"] if j["read"]["io_bytes"] else j["write"]
         n = io["total_ios"] or 1
-        return per_request(io["iops"], n, u1 - u0, s1 - s0,
-                           (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["job_runtime"] * 1e3 / n,
-                           sp, fp)
+        r = per_request(io["iops"], n, u1 - u0, s1 - s0,
+                        (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["job_runtime"] * 1e3 / n,
+                        sp, fp)
+        if rec:
+            r["split"] = profile_split(rec_path)
+        return r
     finally:
         srv.send_signal(signal.SIGTERM)
         try:
@@ -175,6 +252,8 @@ def main():
     ap.add_argument("--env", action="append", default=[], help="VAR=VALUE for the servers")
     ap.add_argument("--client", choices=["fio", "blkperf"], default="fio",
                     help="the load: fio (unpinned), or blkperf pinned apart from the server")
+    ap.add_argument("--profile", action="store_true",
+                    help="also sample the server (perf record) and split its CPU by part")
     ap.add_argument("servers", nargs="+")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="blkd-per-request.")
@@ -203,6 +282,21 @@ def main():
         print("| %s | %.0f | %.1f (%.1f) | %.1f | %s | %s |" % (
             s, m("iops"), m("srv_cpu_us"), m("srv_user_us"), m("fio_cpu_us"),
             fmt(srv, keys), fmt(fio, keys)))
+    if not a.profile:
+        return
+    print()
+    print("Where the server's CPU goes (share of its samples, median; in brackets µs: the share "
+          "times its CPU per request)")
+    print()
+    print("| server | " + " | ".join(p.strip() for p in PARTS) + " |")
+    print("|---|" + "---|" * len(PARTS))
+    for s, rs in res.items():
+        us = statistics.median(r["srv_cpu_us"] for r in rs)
+        cells = []
+        for p in PARTS:
+            v = statistics.median(r["split"][p] for r in rs)
+            cells.append("%.0f%% (%.2f)" % (v, v * us / 100))
+        print("| %s | %s |" % (s, " | ".join(cells)))
 
 
 if __name__ == "__main__":

@@ -128,11 +128,12 @@ conn_start (struct conn *c)
 
 /* ---- output -------------------------------------------------------- */
 
+/* sent_at: as delayacct_done's (NULL where r's reply was not just sent). */
 static void
-request_free (struct conn *c, struct request *r)
+request_free (struct conn *c, struct request *r, uint64_t *sent_at)
 {
   struct iobuf_pool *pool = c->shard->pool;
-  delayacct_done (c, r);          /* counts, and the send time if fully sent */
+  delayacct_done (c, r, sent_at); /* counts, and the send time if fully sent */
   protocol_release (r);           /* lent memory or a placed payload goes back */
   c->buf_bytes -= r->held;
   if (r->buf)
@@ -151,7 +152,7 @@ drop_output (struct conn *c)
   while (c->sendq_head) {
     struct request *r = c->sendq_head;
     c->sendq_head = r->next;
-    request_free (c, r);
+    request_free (c, r, NULL);
   }
   c->sendq_tail = NULL;
   c->sendq_bytes = 0;
@@ -244,7 +245,7 @@ send_file_part (struct conn *c, struct request *r)
     c->sendq_head = r->next;
     if (!c->sendq_head)
       c->sendq_tail = NULL;
-    request_free (c, r);
+    request_free (c, r, NULL);
   }
   return SEND_AGAIN;
 }
@@ -322,6 +323,7 @@ send_pending (struct conn *c)
         c->out.off = c->out.len = 0;
     }
     c->sendq_bytes -= left;
+    uint64_t sent_at = 0;           /* one clock read for the replies this send ends */
     while (c->sendq_head && (left > 0 || c->sendq_head->iov_sent == c->sendq_head->niov)) {
       struct request *r = c->sendq_head;
       while (r->iov_sent < r->niov && left > 0) {
@@ -341,7 +343,7 @@ send_pending (struct conn *c)
       c->sendq_head = r->next;
       if (!c->sendq_head)
         c->sendq_tail = NULL;
-      request_free (c, r);
+      request_free (c, r, &sent_at);
     }
   }
 }
@@ -461,7 +463,7 @@ conn_on_complete (struct request *r)
   struct conn *c = r->conn;
 
   if (c->fd < 0) {                  /* client gone: nobody to answer */
-    request_free (c, r);
+    request_free (c, r, NULL);
     conn_maybe_free (c);
     return;
   }
@@ -803,6 +805,8 @@ read_some (struct conn *c)
     if (n > 0)
       c->rlen += n;
   }
+  if (n > 0 && cfg.delayacct != DELAYACCT_OFF)
+    c->t_read = now_ns ();          /* the queued phase of what it brought */
   /* Less than we asked for: the socket is empty now, so another read
    * would only say EAGAIN.  Let the loop ask epoll instead. */
   c->read_drained = n >= 0 && (size_t) n < want
@@ -1073,15 +1077,15 @@ static void
 drop_unstarted (struct conn *c)
 {
   if (c->recv_req) {
-    request_free (c, c->recv_req);
+    request_free (c, c->recv_req, NULL);
     c->recv_req = NULL;
   }
   if (c->stalled_req) {
-    request_free (c, c->stalled_req);
+    request_free (c, c->stalled_req, NULL);
     c->stalled_req = NULL;
   }
   if (c->discard_req) {
-    request_free (c, c->discard_req);
+    request_free (c, c->discard_req, NULL);
     c->discard_req = NULL;
   }
 }

@@ -216,7 +216,7 @@ da_locked_end (struct request *r, uint64_t t0, uint64_t t1)
 /* ---- completion: shard thread, as the request is freed -------------- */
 
 void
-delayacct_done (struct conn *c, struct request *r)
+delayacct_done (struct conn *c, struct request *r, uint64_t *sent_at)
 {
   struct shard_stats *st = c->shard->stats;
   int slot = cmd_slot (r->type);
@@ -244,7 +244,9 @@ delayacct_done (struct conn *c, struct request *r)
 
   if (cfg.delayacct == DELAYACCT_OFF || !sent)
     return;
-  uint64_t now = now_ns ();
+  uint64_t now = sent_at && *sent_at ? *sent_at : now_ns ();
+  if (sent_at)
+    *sent_at = now;
   if (cfg.delayacct == DELAYACCT_LOCKED) {
     if (st->locked)
       record_locked (&st->locked[slot][DA_SEND], r->t_queued, now);

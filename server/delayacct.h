@@ -18,7 +18,9 @@
  * the queued and plugin phases), so the shard thread and its workers share
  * the lock and the cache lines.
  *
- * --delayacct=off reads no clock on the request path; the counts are kept. */
+ * --delayacct=off reads no clock on the request path; the counts are kept.
+ * The others read it twice per request around the plugin call, and once
+ * per read() and per send of many requests (delayacct_parsed, _done). */
 #ifndef BLKD_DELAYACCT_H
 #define BLKD_DELAYACCT_H
 
@@ -93,7 +95,10 @@ void stats_conns_each (void (*fn) (const struct conn_stats *cs, bool first, void
 
 void da_locked_begin (struct request *r, uint64_t t0);
 void da_locked_end (struct request *r, uint64_t t0, uint64_t t1);
-void delayacct_done (struct conn *c, struct request *r);
+/* Shard thread, as r is freed.  *sent_at (when not NULL) caches the time
+ * its reply's last byte was handed to the socket: 0 to have it read, and
+ * the replies one send completed share one clock read. */
+void delayacct_done (struct conn *c, struct request *r, uint64_t *sent_at);
 
 /* Snapshot of one phase, summed over shards (metrics.c). */
 struct da_snap {
@@ -120,7 +125,12 @@ stat_get (const uint64_t *p)
   return __atomic_load_n (p, __ATOMIC_RELAXED);
 }
 
-/* Shard thread, as a request is parsed. */
+/* Shard thread, as a request is parsed.  Its queued phase starts when
+ * the read that brought its header returned (c->t_read), not when it is
+ * parsed: the wait behind the requests read with it is queueing too, and
+ * one clock read per read() rather than one per request.  Limit: a
+ * header left unparsed in rbuf while the connection was paused counts
+ * from the next read that brings more bytes, a little short. */
 static inline void
 delayacct_parsed (struct conn *c, struct request *r)
 {
@@ -134,7 +144,7 @@ delayacct_parsed (struct conn *c, struct request *r)
   }
   r->d_queued = r->d_plugin = 0;
   if (cfg.delayacct != DELAYACCT_OFF)
-    r->t_queued = now_ns ();
+    r->t_queued = c->t_read;
 }
 
 /* Shard thread or worker, around the plugin call.  The start time stays in

@@ -449,6 +449,9 @@ struct conn {
   /* Input: bytes read but not yet consumed. */
   uint8_t *rbuf;
   size_t rlen, roff, rcap;
+  uint64_t t_read;                /* now_ns() when the last read into rbuf
+                                     returned: where a request's queued phase
+                                     starts (delayacct_parsed) */
   /* A WRITE whose payload is still arriving, or a payload being discarded. */
   struct request *recv_req;
   uint32_t recv_have;

@@ -5,7 +5,7 @@
 # the shard still serves the rest.  32 pipelined 2 KiB READs sent in one
 # segment are read by the shard in one go and answered inline (memory);
 # strace counts the sendmsg calls that carry their replies: 32 / N with
-# --reply-batch N, one with --reply-batch 0.  Every reply is right either
+# --reply-batch N (16 by default), one with --reply-batch 0.  Every reply is right either
 # way (cookies, data).  A value that is not a count in range is refused
 # at start.
 import os
@@ -29,8 +29,10 @@ if not shutil.which("strace"):
 
 
 def sends_for(batch):
-    """The server's sendmsg calls that answered one burst of N READs."""
-    srv = Server(["memory", "1M"], opts=["--shards", "1", "--reply-batch", str(batch)])
+    """The server's sendmsg calls that answered one burst of N READs
+    (batch None: the default)."""
+    opts = ["--shards", "1"] + ([] if batch is None else ["--reply-batch", str(batch)])
+    srv = Server(["memory", "1M"], opts=opts)
     c = RawClient(srv)
     c.handshake(structured=False)
     # Known data to read back: one WRITE per block.
@@ -38,7 +40,7 @@ def sends_for(batch):
         c.send_request(NBD_CMD_WRITE, i * BS, BS, cookie=1000 + i, payload=bytes([i + 1]) * BS)
         cookie, error, _, _ = c.recv_reply()
         check_eq((cookie, error), (1000 + i, 0), "write %d" % i)
-    trace = os.path.join(TMP, "strace-%d" % batch)
+    trace = os.path.join(TMP, "strace-%s" % batch)
     st = strace_attach(srv, trace, "sendmsg")
     c.sock.sendall(b"".join(RawClient.request(NBD_CMD_READ, i * BS, BS, cookie=i)
                             for i in range(N)))
@@ -62,8 +64,9 @@ for bad in ("-1", "65537", "x", ""):
     check(r.returncode == 1 and "--reply-batch" in r.stderr,
           "--reply-batch %r is refused at start" % bad, r.stderr.strip())
 
-for batch, want in ((8, N // 8), (0, 1)):
+for batch, want in ((None, N // 16), (8, N // 8), (0, 1)):
     n = sends_for(batch)
-    print("  --reply-batch %d: %d sendmsg calls for %d replies" % (batch, n, N))
-    check_eq(n, want, "--reply-batch %d: replies in %d send(s)" % (batch, want))
+    name = "--reply-batch %d" % batch if batch is not None else "the default (16)"
+    print("  %s: %d sendmsg calls for %d replies" % (name, n, N))
+    check_eq(n, want, "%s: replies in %d send(s)" % (name, want))
 ok("replies go out every --reply-batch, or once per batch with 0")
