@@ -10,7 +10,20 @@
 #     SERVERS="blkd-memory blkd-ram nbdkit-memory nbd-server qemu-nbd"
 #     JOBS="randread4k-qd1 randwrite4k-qd1 randread4k-qd32 randwrite4k-qd32
 #           read128k write128k read1m write1m"
-#     NET=tap|user  VM_CPUS=4)
+#     NET=tap|user  VM_CPUS=4
+#     VARIANTS="NAME=PATH [OPTION...];..."  TRACE=perf-record|perf-dwarf|
+#       perf-stat|strace-c|strace)
+#
+# A/B in one run: each VARIANTS entry is a blkd binary (or this one) with
+# options, served as blkd-memory.NAME or blkd-ram.NAME in SERVERS, e.g.
+#   VARIANTS="main=/tmp/blkd-main;nopoll=./blkd --poll-us 0"
+#   SERVERS="blkd-memory blkd-memory.main blkd-memory.nopoll nbdkit-memory"
+# TRACE runs the tool on each server's process over each run (perf
+# record -g, perf record with DWARF call graphs, perf stat, strace -c -f,
+# or a full strace -f -tt -T), its output in OUTDIR/trace/ as
+# ROUND-CONNS-JOB.SERVER.TOOL; the tool's own overhead lands in the CPU
+# column then (strace's most of all): use a traced run for the profile,
+# an untraced one for the figures.
 #
 # The link is a tap device inside a network namespace this script creates
 # (192.0.2.2 the host's end, 192.0.2.15 the guest's): qemu's user
@@ -80,8 +93,19 @@ if [ "$NET" = tap ]; then
   fi
 fi
 
+CTL_ARGS=()
+IFS=';' read -ra variants <<<"${VARIANTS:-}"
+for v in "${variants[@]}"; do
+  v=${v#"${v%%[! ]*}"}              # leading blanks
+  [ -n "$v" ] && CTL_ARGS+=(--variant "$v")
+done
+TRACE=${TRACE:-}
+if [ -n "$TRACE" ]; then
+  mkdir -p "$OUT/trace"
+  CTL_ARGS+=(--trace "$TRACE" --trace-dir "$OUT/trace")
+fi
 "${WRAP[@]}" /usr/bin/python3 "$TOP/tests/vm/control.py" --tmp "$RUN" --top "$TOP" --blkd "$BLKD" \
-  --bind "$BIND" --port-file "$RUN/ctl.port" 2>"$OUT/control.log" &
+  --bind "$BIND" --port-file "$RUN/ctl.port" "${CTL_ARGS[@]}" 2>"$OUT/control.log" &
 PIDS+=("$!")
 for ((i = 0; i < 100; i++)); do [ -s "$RUN/ctl.port" ] && break; sleep 0.1; done
 [ -s "$RUN/ctl.port" ] || { cat "$OUT/control.log"; exit 1; }
@@ -93,9 +117,11 @@ BENCH_CONNS="$CONNS"
 BENCH_SECONDS=$SECS
 BENCH_ROUNDS=$ROUNDS
 BENCH_SIZE=$SIZE
+BENCH_TRACE=${TRACE:+1}
 EOF
 n_srv=$(wc -w <<<"$SERVERS") n_jobs=$(wc -w <<<"$JOBS") n_conns=$(wc -w <<<"$CONNS")
-limit=$((ROUNDS * n_srv * n_conns * (n_jobs * (SECS + 5) + 10) + n_srv * 120 + 120))
+per_run=$((SECS + 5)); [ -n "$TRACE" ] && per_run=$((SECS + 20))   # attach, write out
+limit=$((ROUNDS * n_srv * n_conns * (n_jobs * per_run + 10) + n_srv * 120 + 120))
 echo "bench 100000 bench" >"$RUN/plan"
 vm_initrd "$RUN/initrd" "$RUN/plan" "$RUN/bench.conf"
 load=$(uptime)

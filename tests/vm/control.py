@@ -7,7 +7,8 @@ maps that address to the host's loopback; on a tap link in a network
 namespace (bench/kernel.sh) the service and the servers bind 192.0.2.2.
 Commands (reply: "OK ..." or "ERR reason"):
 
-  start ID KIND ARGS...  KIND blkd|nbdkit|nbd-server|qemu-nbd; -> OK PORT MPORT
+  start ID KIND ARGS...  KIND blkd|nbdkit|nbd-server|qemu-nbd, or blkd:NAME
+                         for a --variant; -> OK PORT MPORT
   stop ID [SECS]         SIGTERM, wait SECS (default 20) -> OK RC | ERR hung
   signal ID SIG          send SIG (TERM, KILL, USR2, ...) -> OK
   wait ID SECS           wait for exit -> OK RC | ERR running
@@ -32,6 +33,10 @@ Commands (reply: "OK ..." or "ERR reason"):
                          "CASE kill KIND PASS|FAIL ..." on stderr
   mkfile NAME SIZE       a sparse host file @TMP@/NAME -> OK
   stopall                stop every server -> OK
+  trace ID start LABEL   run --trace's tool on the server until "trace ID
+                         stop"; its output goes to --trace-dir as
+                         LABEL.ID.TOOL (perf.data, or text) -> OK
+  trace ID stop          -> OK
   sdstart ID SIZE        blkd as the shipped blkd.service (--fdstore) with
                          systemd as PID 1 of a podman container on the host's
                          network (--sd-image), rawio on a SIZE-byte file in
@@ -82,6 +87,14 @@ class Control:
         self.a = args
         self.servers = {}
         self.units = {}
+        self.tracers = {}
+        # --variant NAME=PATH [OPTION...]: kind blkd:NAME runs PATH OPTIONs.
+        self.variants = {}
+        for v in args.variant:
+            name, _, rest = v.partition("=")
+            if not name or not rest.split():
+                raise SystemExit("control: --variant %r: NAME=PATH [OPTION...]" % v)
+            self.variants[name] = rest.split()
 
     def subst(self, s, sid):
         return (s.replace("@TMP@", self.a.tmp).replace("@TLS@", self.a.tls or "")
@@ -104,9 +117,17 @@ class Control:
         args = [self.subst(x, sid) for x in args]
         logpath = os.path.join(self.a.tmp, sid + ".log")
         reqlog = os.path.join(self.a.tmp, sid + ".req.log")
-        if kind == "blkd":
-            cmd = [self.a.blkd, "-f", "-i", self.a.bind, "-p", port,
-                   "--metrics", "127.0.0.1:0"] + args
+        if kind == "blkd" or kind.startswith("blkd:"):
+            # A variant: another binary, or the same with other options
+            # (bench/kernel.sh's VARIANTS, for an A/B in one guest run).
+            exe, extra = self.a.blkd, []
+            if kind != "blkd":
+                v = self.variants.get(kind[5:])
+                if v is None:
+                    return "ERR unknown blkd variant " + kind[5:]
+                exe, extra = v[0], v[1:]
+            cmd = [exe, "-f", "-i", self.a.bind, "-p", port,
+                   "--metrics", "127.0.0.1:0"] + extra + args
         elif kind == "nbdkit":
             cmd = ["nbdkit", "-f", "-i", self.a.bind, "-p", port] + args
         elif kind == "qemu-nbd":
@@ -151,7 +172,7 @@ class Control:
                     return None
                 p = listen_ports(srv.pid)
                 return (p[0], 0) if p else None
-        elif kind == "blkd":
+        elif kind.startswith("blkd"):
             def ports():
                 if proc.poll() is not None:
                     return "dead"
@@ -373,6 +394,55 @@ class Control:
             todo += kids.get(p, [])
         return total
 
+    # What each --trace tool runs on a server's process, and whether its
+    # output is perf's binary file (-o) or text (strace -o, perf stat -o).
+    TRACE_TOOLS = {
+        "perf-record": ["perf", "record", "-q", "-F", "4999", "-g", "-p", "{pid}", "-o", "{out}"],
+        "perf-dwarf": ["perf", "record", "-q", "-F", "999", "--call-graph", "dwarf,16384",
+                       "-p", "{pid}", "-o", "{out}"],
+        "perf-stat": ["perf", "stat", "-e", "task-clock,context-switches,cpu-migrations,"
+                      "page-faults,cycles,instructions", "-p", "{pid}", "-o", "{out}"],
+        "strace-c": ["strace", "-c", "-f", "-p", "{pid}", "-o", "{out}"],
+        "strace": ["strace", "-f", "-tt", "-T", "-s", "0", "-p", "{pid}", "-o", "{out}"],
+    }
+
+    def trace(self, sid, what, label=""):
+        """Profiles a server over one benchmark run (bench/kernel.sh's
+        TRACE): the tool attaches to its process and threads, and stops
+        (SIGINT, so it writes its summary) when the run ends."""
+        srv = self.get(sid)
+        if what == "start":
+            tool = self.a.trace
+            if tool not in self.TRACE_TOOLS or not self.a.trace_dir:
+                return "ERR no --trace tool (or --trace-dir)"
+            if sid in self.tracers:
+                return "ERR %s is being traced" % sid
+            out = os.path.join(self.a.trace_dir, "%s.%s.%s" % (
+                re.sub(r"[^\w.-]", "_", label), sid, tool))
+            cmd = [x.format(pid=srv.pid, out=out) for x in self.TRACE_TOOLS[tool]]
+            errf = open(out + ".err", "wb")
+            p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=errf, stderr=errf)
+            errf.close()
+            self.tracers[sid] = p
+            time.sleep(0.5)               # attached before the run starts
+            if p.poll() is not None:
+                del self.tracers[sid]
+                return "ERR %s exited at once (%s.err)" % (tool, out)
+            return "OK"
+        if what == "stop":
+            p = self.tracers.pop(sid, None)
+            if p is None:
+                return "ERR %s is not being traced" % sid
+            p.send_signal(signal.SIGINT)
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                return "ERR the tracer did not stop in 60 s; killed"
+            return "OK"
+        return "ERR trace ID start LABEL | trace ID stop"
+
     def grep(self, sid, regex):
         if sid in self.units:
             text = self.journal(self.units[sid])
@@ -393,7 +463,7 @@ class Control:
             n = self.nfds(srv)
             s = "fds %d (baseline %s)" % (n, fds0)
             ok = n <= int(fds0)
-            if srv.kind == "blkd":
+            if srv.kind.startswith("blkd"):
                 # Connections, requests, and the plugin memory lent to
                 # replies or taking in WRITE payloads (the request buffer
                 # pool keeps its buffers for reuse by design).
@@ -467,7 +537,7 @@ class Control:
               "metric": self.metric, "count": self.count, "cpu": self.cpu,
               "mkfile": self.mkfile, "stopall": self.stopall, "grep": self.grep,
               "fds": self.fds, "settle": self.settle, "restart": self.restart,
-              "killvm": self.killvm, "sdstart": self.sdstart,
+              "killvm": self.killvm, "sdstart": self.sdstart, "trace": self.trace,
               "sdrestart": self.sdrestart}.get(words[0])
         if fn is None:
             return "ERR unknown command " + words[0]
@@ -486,6 +556,12 @@ def main():
     ap.add_argument("--port-file", required=True)
     ap.add_argument("--bind", default="127.0.0.1",
                     help="address the servers and this service listen on")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=PATH [OPTION...]: server kind blkd:NAME runs this "
+                    "binary with these options")
+    ap.add_argument("--trace", default="", help="tool for the trace command: "
+                    "perf-record, perf-dwarf, perf-stat, strace-c or strace")
+    ap.add_argument("--trace-dir", default="", help="where trace outputs go")
     ap.add_argument("--podman", default="podman")
     ap.add_argument("--sd-image", default="",
                     help="the systemd test image (tests/helpers/systemd-image.sh)")
@@ -521,6 +597,8 @@ def main():
             finally:
                 c.close()
     finally:
+        for sid in list(ctl.tracers):
+            ctl.trace(sid, "stop")
         ctl.stopall()
 
 

@@ -7,13 +7,17 @@
 # reads, writes, discards and flushes completed); CPU_TICKS is the
 # server's utime+stime over the run (/proc/PID/stat on the host).
 # /vm/bench.conf sets BENCH_SERVERS, BENCH_JOBS, BENCH_CONNS,
-# BENCH_SECONDS, BENCH_ROUNDS and BENCH_SIZE (bytes).
+# BENCH_SECONDS, BENCH_ROUNDS and BENCH_SIZE (bytes), and BENCH_TRACE=1
+# when the host's control service is to trace each run (TRACE).
 
 # bench_start NAME: starts server NAME on the host; sets PORT_<NAME>.
+# blkd-memory.V and blkd-ram.V run the host's blkd variant V (VARIANTS).
 bench_start() {
-  case $1 in
-    blkd-memory) set -- "$1" blkd memory size=$BENCH_SIZE ;;
-    blkd-ram) set -- "$1" blkd @TOP@/plugins/ram/nbdkit-ram-plugin.so size=$BENCH_SIZE ;;
+  kind=blkd
+  case $1 in blkd-*.*) kind=blkd:${1#*.} ;; esac
+  case ${1%%.*} in
+    blkd-memory) set -- "$1" "$kind" memory size=$BENCH_SIZE ;;
+    blkd-ram) set -- "$1" "$kind" @TOP@/plugins/ram/nbdkit-ram-plugin.so size=$BENCH_SIZE ;;
     nbdkit-memory) set -- "$1" nbdkit memory size=$BENCH_SIZE ;;
     nbd-server) ctl_ok mkfile "$1.img" "$BENCH_SIZE" >/dev/null || exit 1
                 set -- "$1" nbd-server @TMP@/$1.img ;;
@@ -80,12 +84,16 @@ case_bench() {
         fi
         for j in $BENCH_JOBS; do
           set -- $(bench_stat); q0=$1 s0=$2
+          # (In a subshell: ctl_ok sets r, the round.)
+          [ -n "${BENCH_TRACE:-}" ] && { (ctl_ok trace "$s" start "$r-$c-$j") >/dev/null || exit 1; }
           t0=$(ctl_ok cpu "$s") || exit 1
           fio --name="$j" --filename=$NBD --ioengine=libaio --direct=1 $(bench_job "$j" "$c") \
               --size="$BENCH_SIZE" --time_based --runtime="$BENCH_SECONDS" --group_reporting \
               --output-format=terse --terse-version=3 >/tmp/fio.bench 2>&1 || {
+            [ -n "${BENCH_TRACE:-}" ] && (ctl trace "$s" stop) >/dev/null
             echo "BENCH $r $s $c $j fio-failed" >/dev/console; continue; }
           t1=$(ctl_ok cpu "$s") || exit 1
+          [ -n "${BENCH_TRACE:-}" ] && { (ctl_ok trace "$s" stop) >/dev/null || exit 1; }
           set -- $(bench_stat); q1=$1 s1=$2
           q=$((q1 - q0))
           avg=0; [ $q -gt 0 ] && avg=$(((s1 - s0) * 512 / 1024 / q))
