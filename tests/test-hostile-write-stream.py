@@ -85,6 +85,15 @@ class Client:
         self.sock.sendall(self.read(0, 4096))
         self.replies(1, what + ", then a lone READ")
 
+    def finish(self, sender, n, what):
+        """n replies, the sender thread (if any) done, then a lone READ
+        answered."""
+        self.replies(n, what)
+        if sender:
+            sender.join(TIMEOUT)
+        self.lone_read(what)
+        self.c.close()
+
     def close(self):
         self.c.close()
 
@@ -112,9 +121,7 @@ def stop_mid_payload(srv, model, base):
     time.sleep(0.3)               # the shard goes to sleep now
     neighbour(srv, model, "stream stopped mid-payload")
     c.sock.sendall(tail[half:])
-    c.replies(1, "the stopped payload completed")
-    c.lone_read("stream stopped mid-payload")
-    c.close()
+    c.finish(None, 1, "the stopped payload completed")
     ok("a stream stopped in the middle of a payload: answered before and after")
 
 
@@ -124,11 +131,7 @@ def mixed(srv, model, base):
     for i in range(24):
         out.append(c.write(base + i * BS, os.urandom(BS)))
         out.append(c.read(4096 * i, 4096 if i % 3 else BS))   # earlier data only
-    t = c.send_bg(b"".join(out))
-    c.replies(48, "big WRITEs mixed with READs")
-    t.join(TIMEOUT)
-    c.lone_read("big WRITEs mixed with READs")
-    c.close()
+    c.finish(c.send_bg(b"".join(out)), 48, "big WRITEs mixed with READs")
     ok("big WRITEs mixed with small and big READs, pipelined")
 
 
@@ -139,10 +142,7 @@ def no_reader(srv, model, base):
     t = c.send_bg(b"".join(out))
     time.sleep(1)                 # replies pile up, unread
     neighbour(srv, model, "a client that does not read")
-    c.replies(64, "replies read late")
-    t.join(TIMEOUT)
-    c.lone_read("replies read late")
-    c.close()
+    c.finish(t, 64, "replies read late")
     ok("a client that leaves its replies unread for a while")
 
 
@@ -154,9 +154,7 @@ def bytewise(srv, model, base):
         c.sock.send(msg[i:i + 1])
     for i in range(1200, len(msg), 997):
         c.sock.sendall(msg[i:i + 997])
-    c.replies(4, "sent a byte at a time")
-    c.lone_read("sent a byte at a time")
-    c.close()
+    c.finish(None, 4, "sent a byte at a time")
     ok("big and small requests sent a byte, then a few hundred bytes, at a time")
 
 
@@ -178,9 +176,7 @@ def short_payload(srv, model, base):
     c.sock.sendall(msg[300 * K + 28:])
     at = base + 4 * BS + 300 * K - 28
     c.model[at:at + 28] = RawClient.request(NBD_CMD_READ, 0, 4096, cookie=77)
-    c.replies(1, "a short payload completed")
-    c.lone_read("a short payload completed")
-    c.close()
+    c.finish(None, 1, "a short payload completed")
     ok("a payload shorter than its header said is answered once it is whole")
 
 
