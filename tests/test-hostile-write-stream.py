@@ -13,8 +13,10 @@
 #   in the middle of a payload after a stream; meanwhile a second client
 #   on the same shard is served.  Under one shard with and without
 #   polling, the default shards, and a pool so small that reading stops
-#   for buffers.  Then live restarts (SIGUSR2) in the middle of a stream:
-#   the mark travels with the socket to the next image.
+#   for buffers.  Then live restarts (SIGUSR2): one while the stream
+#   stands still in the middle of a payload, one while it flows; the
+#   mark travels with the socket to the next image, which must still
+#   wake for a lone READ.
 import os
 import socket
 import struct
@@ -224,17 +226,31 @@ srv = restart_server(["file", "file=" + path], opts=["--shards", "1", "--restart
 model = bytearray(SIZE)
 c = Client(srv, model)
 for rnd in range(2):
+    what = "live restart %d" % (rnd + 1)
     data = b"".join(c.write(rnd * 32 * MiB + i * BS, b) for i, b in enumerate(blocks(96)))
-    t = c.send_bg(data)
-    time.sleep(0.05)
-    restart(srv)
-    c.replies(96, "stream across live restart %d" % (rnd + 1))
+    if rnd == 0:
+        # The signal comes while the stream stands still in the middle
+        # of a payload: the hand-over waits for the rest of it.
+        cut = 8 * (BS + 28) + BS // 2
+        c.sock.sendall(data[:cut])
+        c.replies(8, what + ": before the signal")
+        r = threading.Thread(target=restart, args=(srv,))
+        r.start()
+        time.sleep(0.3)
+        t = c.send_bg(data[cut:])
+        r.join(60)
+        check(not r.is_alive(), what + ": done")
+        c.replies(88, what + ": the stream's rest")
+    else:
+        t = c.send_bg(data)     # the signal while the stream flows
+        restart(srv)
+        c.replies(96, "stream across " + what)
     t.join(TIMEOUT)
-    c.lone_read("stream across live restart %d" % (rnd + 1))
+    c.lone_read(what)
     # The next image adopted the socket: it must still wake for a lone
     # request, and stream again.
     t = c.send_bg(c.write(rnd * 32 * MiB + 96 * BS, os.urandom(BS)) + c.read(rnd * 32 * MiB, BS))
-    c.replies(2, "after live restart %d" % (rnd + 1))
+    c.replies(2, "after " + what)
     t.join(TIMEOUT)
 c.close()
 with open(path, "rb") as f:
