@@ -78,8 +78,8 @@ conn_new (struct shard *s, int fd, const char *peer)
   if (fl == -1 || fcntl (fd, F_SETFL, fl | O_NONBLOCK) == -1)
     goto fail;
   int one = 1;
-  /* Fails harmlessly on Unix sockets. */
-  setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  /* Fails harmlessly on Unix sockets, and so tells them apart. */
+  c->tcp = setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0;
 
   c->ev_read = event_new (s->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
   c->ev_write = event_new (s->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
@@ -883,7 +883,8 @@ conn_set_lowat (struct conn *c)
  * acknowledged on arrival, the client's whole queue depth reaches our
  * receive queue, and the shard reads a backlog
  * instead of taking turns with the client.  Costs two setsockopt calls
- * per wake-up of a big-write stream.  Limit: a receive buffer locked
+ * per wake-up of a big-write stream; TCP only (a Unix socket has no
+ * acknowledgements to hurry).  Limit: a receive buffer locked
  * small (SO_RCVBUF) caps the mark at half of it, and the kernel may
  * raise an unlocked buffer to fit the mark (tcp_set_rcvlowat) — within
  * net.ipv4.tcp_rmem's maximum, which autotuning reaches anyway. */
@@ -895,7 +896,7 @@ conn_pump (struct conn *c, bool do_read)
 {
   bool blocked = false;
 
-  if (c->write_stream && !c->lowat_off && !c->tls && c->fd >= 0
+  if (c->write_stream && c->tcp && !c->lowat_off && !c->tls && c->fd >= 0
       && conn_lowat_to (c, LOWAT_ACK) == -1)   /* acknowledge at once meanwhile (above) */
     goto stop_reading;
 
