@@ -78,8 +78,8 @@ conn_new (struct shard *s, int fd, const char *peer)
   if (fl == -1 || fcntl (fd, F_SETFL, fl | O_NONBLOCK) == -1)
     goto fail;
   int one = 1;
-  /* Fails harmlessly on Unix sockets. */
-  setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  /* Fails harmlessly on Unix sockets, and so tells them apart. */
+  c->tcp = setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0;
 
   c->ev_read = event_new (s->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
   c->ev_write = event_new (s->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
@@ -832,36 +832,44 @@ read_some (struct conn *c)
 #define LOWAT_MAX (1024 * 1024)
 
 /* Set the mark to want (bytes), keeping the shard's count of
- * connections that wait on one. */
-static void
+ * connections that wait on one.  A socket that refuses keeps the mark
+ * it has and is left alone from then on; -1 when that mark is above one
+ * byte: it could outlast the payload it was set for, and the loop would
+ * sleep through the requests after it, so the caller stops reading. */
+static int
 conn_lowat_to (struct conn *c, int want)
 {
   if (want == c->rcvlowat)
-    return;
+    return 0;
   if (setsockopt (c->fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == -1) {
-    log_debug ("SO_RCVLOWAT: %m; waking per segment");
     c->lowat_off = true;
-    return;
+    if (c->rcvlowat == 1) {
+      log_debug ("SO_RCVLOWAT: %m; waking per segment");
+      return 0;
+    }
+    log_error ("SO_RCVLOWAT: %m; the mark stays at %d bytes: closing", c->rcvlowat);
+    return -1;
   }
   if (want > 1 && c->rcvlowat == 1)
     c->shard->lowat_conns++;
   else if (want == 1)
     c->shard->lowat_conns--;
   c->rcvlowat = want;
+  return 0;
 }
 
-static void
+static int
 conn_set_lowat (struct conn *c)
 {
   int want = 1;
   if (c->lowat_off)
-    return;
+    return 0;
   if (c->recv_req && c->roff == c->rlen) {
     uint32_t left = c->recv_req->count - c->recv_have;
     if (left >= DIRECT_THRESHOLD)
       want = left < LOWAT_MAX ? (int) left : LOWAT_MAX;
   }
-  conn_lowat_to (c, want);
+  return conn_lowat_to (c, want);
 }
 
 /* While the shard works through a stream of big WRITEs, the mark is
@@ -879,7 +887,8 @@ conn_set_lowat (struct conn *c)
  * acknowledged on arrival, the client's whole queue depth reaches our
  * receive queue, and the shard reads a backlog
  * instead of taking turns with the client.  Costs two setsockopt calls
- * per wake-up of a big-write stream.  Limit: a receive buffer locked
+ * per wake-up of a big-write stream; TCP only (a Unix socket has no
+ * acknowledgements to hurry).  Limit: a receive buffer locked
  * small (SO_RCVBUF) caps the mark at half of it, and the kernel may
  * raise an unlocked buffer to fit the mark (tcp_set_rcvlowat) — within
  * net.ipv4.tcp_rmem's maximum, which autotuning reaches anyway. */
@@ -891,8 +900,9 @@ conn_pump (struct conn *c, bool do_read)
 {
   bool blocked = false;
 
-  if (c->write_stream && !c->lowat_off && !c->tls && c->fd >= 0)
-    conn_lowat_to (c, LOWAT_ACK);   /* acknowledge at once meanwhile (above) */
+  if (c->write_stream && c->tcp && !c->lowat_off && !c->tls && c->fd >= 0
+      && conn_lowat_to (c, LOWAT_ACK) == -1)   /* acknowledge at once meanwhile (above) */
+    goto stop_reading;
 
   for (int i = 0; i < READS_PER_EVENT; i++) {
     if (do_read) {
@@ -945,8 +955,13 @@ conn_pump (struct conn *c, bool do_read)
     if (c->read_drained)
       break;
   }
-  if (!c->tls && c->fd >= 0 && c->phase == CONN_TRANSMISSION)
-    conn_set_lowat (c);
+  if (!c->tls && c->fd >= 0 && c->phase == CONN_TRANSMISSION && conn_set_lowat (c) == -1) {
+  stop_reading:
+    /* A mark stuck above one byte: answer what came, then close
+     * (conn_maybe_free), rather than sleep on it. */
+    c->read_block |= CONN_READ_CLOSING;
+    pause_reading (c);
+  }
   if (c->handoff && c->fd >= 0 && handoff_need (c) == 0)
     pause_reading (c);              /* at a request boundary: no more input */
   /* TLS may hold whole records the socket will not announce again. */

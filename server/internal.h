@@ -459,6 +459,7 @@ struct conn {
   struct request *discard_req;    /* failed before its payload: answered once
                                      discard_left reaches 0 */
   bool write_stream;              /* last request a WRITE read straight into place */
+  bool tcp;                       /* a TCP socket: its acknowledgements follow the mark */
   int rcvlowat;                   /* SO_RCVLOWAT now set (conn_set_lowat) */
   bool lowat_off;                 /* the socket refused it: leave it alone */
   struct request *stalled_req;    /* parsed, waiting for a pool buffer */

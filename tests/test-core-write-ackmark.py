@@ -32,35 +32,42 @@ N = 32
 RAISED = 8 * MiB
 PAYLOAD_MARK_MAX = MiB            # conn.c's LOWAT_MAX
 
+
+def stream(srv, trace):
+    """N pipelined big WRITEs, then a lone READ, with the shard's
+    setsockopt and epoll_wait calls traced; returns the blocks written."""
+    st = strace_attach(srv, trace, "setsockopt,epoll_wait")
+    c = RawClient(srv)
+    c.handshake(structured=False)
+    blocks = [os.urandom(BS) for _ in range(N)]
+    data = b"".join(RawClient.request(NBD_CMD_WRITE, i * BS, BS, cookie=i) + blocks[i]
+                    for i in range(N))
+    # Send from a thread: the replies come back while the stream is still
+    # being written, and both directions must move.
+    sender = threading.Thread(target=c.sock.sendall, args=(data,))
+    sender.start()
+    for _ in range(N):
+        cookie, err, _, _ = c.recv_reply()
+        check_eq(err, 0, "write %d answered without error" % cookie)
+    sender.join(60)
+    check(not sender.is_alive(), "the whole stream was sent")
+    # A lone small request after the stream: answered, so the shard did not
+    # sleep with a mark the client never reaches.
+    c.send_request(NBD_CMD_READ, 0, 4096, cookie=999)
+    cookie, err, _, data = c.recv_reply(4096)
+    check_eq((cookie, err), (999, 0), "a lone READ after the stream is answered")
+    check(data == blocks[0][:4096], "it reads the stream's first block")
+    c.close()
+    time.sleep(0.5)
+    st.send_signal(signal.SIGINT)
+    st.wait(timeout=10)
+    return blocks
+
+
 srv = Server(["memory", "64M"], opts=["--shards", "1", "--poll-us", "0"])
 h = nbd_connect(srv)
 trace = os.path.join(TMP, "strace-ackmark")
-st = strace_attach(srv, trace, "setsockopt,epoll_wait")
-
-c = RawClient(srv)
-c.handshake(structured=False)
-blocks = [os.urandom(BS) for _ in range(N)]
-stream = b"".join(RawClient.request(NBD_CMD_WRITE, i * BS, BS, cookie=i) + blocks[i]
-                  for i in range(N))
-# Send from a thread: the replies come back while the stream is still
-# being written, and both directions must move.
-sender = threading.Thread(target=c.sock.sendall, args=(stream,))
-sender.start()
-for _ in range(N):
-    cookie, err, _, _ = c.recv_reply()
-    check_eq(err, 0, "write %d answered without error" % cookie)
-sender.join(60)
-check(not sender.is_alive(), "the whole stream was sent")
-# A lone small request after the stream: answered, so the shard did not
-# sleep with a mark the client never reaches.
-c.send_request(NBD_CMD_READ, 0, 4096, cookie=999)
-cookie, err, _, data = c.recv_reply(4096)
-check_eq((cookie, err), (999, 0), "a lone READ after the stream is answered")
-check(data == blocks[0][:4096], "it reads the stream's first block")
-c.close()
-time.sleep(0.5)
-st.send_signal(signal.SIGINT)
-st.wait(timeout=10)
+blocks = stream(srv, trace)
 
 for i in range(N):
     if h.pread(BS, i * BS) != blocks[i]:
@@ -91,3 +98,14 @@ check(raised > 0, "the mark is raised while the shard works through the stream")
 check(sleeps > 0, "the shard slept during the test (the trace covers it)")
 check_eq(bad, [], "the shard never sleeps with a mark above one payload's rest")
 ok("acknowledgement mark raised while working, lowered before every sleep")
+
+# A Unix socket has no acknowledgements to hurry (and its poll ignores
+# the mark): a stream there never raises it.
+srv = Server(["memory", "64M"], unix=True, opts=["--shards", "1", "--poll-us", "0"])
+trace = os.path.join(TMP, "strace-ackmark-unix")
+stream(srv, trace)
+srv.stop()
+with open(trace) as f:
+    raised = sum(1 for line in f if "SO_RCVLOWAT, [%d]" % RAISED in line)
+check_eq(raised, 0, "no raised mark on a Unix socket")
+ok("Unix socket: the stream is answered without the acknowledgement mark")

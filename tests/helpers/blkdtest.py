@@ -768,13 +768,15 @@ def read_via_chunks(chunks, offset, length):
     return bytes(buf), types
 
 
-def strace_attach(srv, trace, calls):
+def strace_attach(srv, trace, calls, inject=None):
     """strace -f on the running server, tracing `calls` (e.g.
-    "sendmsg") into the file `trace`; returns the strace process once it
-    has attached, or stops the server and skips where strace cannot
-    attach (a container without ptrace)."""
-    st = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=" + calls, "-o", trace,
-                           "-p", str(srv.proc.pid)])
+    "sendmsg") into the file `trace`, and failing the calls that the
+    strace `inject` expression names (e.g. "setsockopt:error=ENOBUFS:when=2");
+    returns the strace process once it has attached, or stops the server
+    and skips where strace cannot attach (a container without ptrace)."""
+    st = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=" + calls, "-o", trace]
+                          + (["-e", "inject=" + inject] if inject else [])
+                          + ["-p", str(srv.proc.pid)])
     for _ in range(100):                 # attached once it has written the file
         if os.path.exists(trace):
             break
