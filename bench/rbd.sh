@@ -6,7 +6,8 @@
 #   bench/rbd.sh OUTDIR            (env: ROUNDS=3 RUN_SECONDS=10 SIZE=256M BLKD=./blkd
 #                                   WORKLOADS="randread-1 randread-4 randwrite-1 ..."
 #                                   SERVERS="blkd blkd-noaio qemu-nbd nbdkit-py librbd"
-#                                   AB="PARAM=VALUE ..." AB_OPTS="--blkd-option ...")
+#                                   AB="PARAM=VALUE ..." AB_OPTS="--blkd-option ..."
+#                                   AB_BLKD=/path/to/other/blkd)
 #
 # Workloads (fio; NBD servers through fio's nbd engine): 4k random read and write
 # at QD32 on 1 connection and on 4 (4 jobs x QD32), 64 KiB and 1 MiB sequential
@@ -25,7 +26,9 @@
 # A knob's A/B: AB="rbd_non_blocking_aio=false" adds a server blkd-ab, blkd
 # with those plugin parameters added (any Ceph option works as one), and
 # AB_OPTS="--poll-us 0" adds blkd options to it; it runs in every round
-# beside blkd, on an image of its own.
+# beside blkd, on an image of its own.  AB_BLKD=DIR/blkd runs another build
+# as blkd-ab (with the rbd plugin from DIR/plugins/rbd/, where blkd looks for
+# its plugins): two commits side by side, AB and AB_OPTS still apply to it.
 # blkd runs twice: with its aio path (the default) and with aio=false (the
 # plugin's synchronous calls on blkd's workers), so the extension's share is
 # measured, not assumed.
@@ -84,7 +87,13 @@ export CEPH_CONF=$W/ceph/ceph.conf
 SERVERS=${SERVERS:-"blkd blkd-noaio qemu-nbd nbdkit-py librbd"}
 AB=${AB:-}
 AB_OPTS=${AB_OPTS:-}
-if [ -n "$AB$AB_OPTS" ]; then
+AB_BLKD=${AB_BLKD:-}
+AB_SO=$SO
+if [ -n "$AB_BLKD" ]; then
+  AB_SO=$(dirname "$AB_BLKD")/plugins/rbd/nbdkit-rbd-plugin.so
+  [ -x "$AB_BLKD" ] && [ -f "$AB_SO" ] || { echo "bench/rbd.sh: no $AB_BLKD or $AB_SO" >&2; exit 1; }
+fi
+if [ -n "$AB$AB_OPTS$AB_BLKD" ]; then
   s2="blkd blkd-ab"
   for s in $SERVERS; do case $s in blkd|blkd-ab) ;; *) s2="$s2 $s" ;; esac; done
   SERVERS=$s2
@@ -113,7 +122,7 @@ start() {
 }
 has blkd && start blkd "$BLKD" -f -i 127.0.0.1 -p @PORT@ "$SO" conf="$CEPH_CONF" image=img-blkd
 # shellcheck disable=SC2086 # AB and AB_OPTS are word lists
-has blkd-ab && start blkd-ab "$BLKD" -f -i 127.0.0.1 -p @PORT@ $AB_OPTS "$SO" conf="$CEPH_CONF" \
+has blkd-ab && start blkd-ab "${AB_BLKD:-$BLKD}" -f -i 127.0.0.1 -p @PORT@ $AB_OPTS "$AB_SO" conf="$CEPH_CONF" \
   image=img-blkd-ab $AB
 has blkd-noaio && start blkd-noaio "$BLKD" -f -i 127.0.0.1 -p @PORT@ "$SO" conf="$CEPH_CONF" \
   image=img-blkd-noaio aio=false

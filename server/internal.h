@@ -610,6 +610,7 @@ struct shard {
   unsigned lowat_conns;           /* conns waiting on a payload under SO_RCVLOWAT */
   struct shard_stats *stats;      /* counters and delay accounting (delayacct.c) */
   struct shard_call *calls;       /* run on this thread (shard_call); under lock */
+  atomic_uint aio_inflight;       /* with the plugin's aio, not yet completed */
 };
 
 extern struct shard *shards;
