@@ -4,7 +4,9 @@
 # socket left with a raised receive mark or a read blocked for good.
 # The kernel's NBD client with -C 4 gives up on a connection after its
 # timeout, and under perf record (which stops and interrupts the server)
-# one such timeout was seen; this drives the same shape without a guest:
+# such timeouts were seen: the guest's doing, docs/KERNEL.md shows, but a
+# server stall would look the same there.  This drives the same shape
+# without a guest, so a server stall cannot hide behind one:
 # four connections, each with 32 writes in flight, 4 KiB writes mixed
 # with runs of 256 KiB writes (which raise the receive mark), while the
 # test sends the server SIGSTOP and SIGCONT every few dozen ms.  A reply
