@@ -4,7 +4,7 @@
 struct blkd_config cfg = {
   .max_request = 32 * 1024 * 1024,
   .max_inflight = 512,
-  .reply_batch = 16,              /* docs/ARCHITECTURE.md, "What a small request costs" */
+  .reply_batch = 8,               /* docs/BENCHMARKS.md, "Switches" */
   .poll_us = 50,                  /* docs/BENCHMARKS.md, "Switches" */
   .workers = 16,
   .iobuf = IOBUF_POOL,

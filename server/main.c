@@ -169,7 +169,7 @@ usage (FILE *f)
 "                         pauses (default 512)\n"
 "      --reply-batch N    send a clear-text connection's replies once N wait,\n"
 "                         not only when its batch of requests is parsed\n"
-"                         (default 16; 0: only at the end of the batch)\n"
+"                         (default 8; 0: only at the end of the batch)\n"
 "      --dispatch MODE    auto (default): call in-memory plugins on the shard\n"
 "                         thread, others on workers; inline; worker.  The\n"
 "                         handshake's .open and .list_exports go the same way\n"

@@ -5,7 +5,7 @@
 # the shard still serves the rest.  32 pipelined 2 KiB READs sent in one
 # segment are read by the shard in one go and answered inline (memory);
 # strace counts the sendmsg calls that carry their replies: 32 / N with
-# --reply-batch N (16 by default), one with --reply-batch 0.  Every reply is right either
+# --reply-batch N (8 by default), one with --reply-batch 0.  Every reply is right either
 # way (cookies, data).  A value that is not a count in range is refused
 # at start.
 import os
@@ -64,9 +64,9 @@ for bad in ("-1", "65537", "x", ""):
     check(r.returncode == 1 and "--reply-batch" in r.stderr,
           "--reply-batch %r is refused at start" % bad, r.stderr.strip())
 
-for batch, want in ((None, N // 16), (8, N // 8), (0, 1)):
+for batch, want in ((None, N // 8), (16, N // 16), (0, 1)):
     n = sends_for(batch)
-    name = "--reply-batch %d" % batch if batch is not None else "the default (16)"
+    name = "--reply-batch %d" % batch if batch is not None else "the default (8)"
     print("  %s: %d sendmsg calls for %d replies" % (name, n, N))
     check_eq(n, want, "%s: replies in %d send(s)" % (name, want))
 ok("replies go out every --reply-batch, or once per batch with 0")
