@@ -894,17 +894,26 @@ conn_set_lowat (struct conn *c)
  * net.ipv4.tcp_rmem's maximum, which autotuning reaches anyway. */
 #define LOWAT_ACK (8 * 1024 * 1024)
 
+/* Stop reading: answer what came, then close (conn_maybe_free does, once
+ * the replies are out). */
+static void
+conn_answer_then_close (struct conn *c)
+{
+  c->read_block |= CONN_READ_CLOSING;
+  pause_reading (c);
+}
+
 /* Input handling shared by the read event and resumption after a pause. */
 static void
 conn_pump (struct conn *c, bool do_read)
 {
   bool blocked = false;
+  /* Acknowledge at once meanwhile (above); a mark that then cannot come
+   * down stops reading before anything is read under it. */
+  bool mark_stuck = c->write_stream && c->tcp && !c->lowat_off && !c->tls && c->fd >= 0
+                    && conn_lowat_to (c, LOWAT_ACK) == -1;
 
-  if (c->write_stream && c->tcp && !c->lowat_off && !c->tls && c->fd >= 0
-      && conn_lowat_to (c, LOWAT_ACK) == -1)   /* acknowledge at once meanwhile (above) */
-    goto stop_reading;
-
-  for (int i = 0; i < READS_PER_EVENT; i++) {
+  for (int i = 0; !mark_stuck && i < READS_PER_EVENT; i++) {
     if (do_read) {
       ssize_t n = read_some (c);
       if (n == 0) {
@@ -927,10 +936,7 @@ conn_pump (struct conn *c, bool do_read)
     }
     do_read = true;
     if (process_input (c) == -1) {
-      /* A protocol error: answer what came before it, then close
-       * (conn_maybe_free does, once the replies are out). */
-      c->read_block |= CONN_READ_CLOSING;
-      pause_reading (c);
+      conn_answer_then_close (c);   /* a protocol error */
       break;
     }
     if (c->out.len - c->out.off > OBUF_PAUSE) {
@@ -955,13 +961,10 @@ conn_pump (struct conn *c, bool do_read)
     if (c->read_drained)
       break;
   }
-  if (!c->tls && c->fd >= 0 && c->phase == CONN_TRANSMISSION && conn_set_lowat (c) == -1) {
-  stop_reading:
-    /* A mark stuck above one byte: answer what came, then close
-     * (conn_maybe_free), rather than sleep on it. */
-    c->read_block |= CONN_READ_CLOSING;
-    pause_reading (c);
-  }
+  /* A mark stuck above one byte: close rather than sleep on it. */
+  if (mark_stuck
+      || (!c->tls && c->fd >= 0 && c->phase == CONN_TRANSMISSION && conn_set_lowat (c) == -1))
+    conn_answer_then_close (c);
   if (c->handoff && c->fd >= 0 && handoff_need (c) == 0)
     pause_reading (c);              /* at a request boundary: no more input */
   /* TLS may hold whole records the socket will not announce again. */

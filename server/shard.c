@@ -15,6 +15,7 @@
 #include <event2/event.h>
 
 #include "internal.h"
+#include "backend.h"
 #include "delayacct.h"
 #include "vector.h"
 
@@ -74,14 +75,16 @@ shard_dispatch (struct request *r)
 
   /* A plugin that completes requests itself (aio) needs no thread here.
    * Counted before it starts: its completion may come before the call
-   * returns. */
-  atomic_fetch_add_explicit (&s->aio_inflight, 1, memory_order_relaxed);
-  enum protocol_aio started = protocol_start_aio (r, shard_aio_done);
-  if (started == PROTOCOL_AIO_STARTED)
-    return false;
-  atomic_fetch_sub_explicit (&s->aio_inflight, 1, memory_order_relaxed);
-  if (started == PROTOCOL_AIO_ANSWERED)
-    return true;
+   * returns.  Other plugins pay no atomic for it. */
+  if (backend_aio_ready (r->conn->pc.top)) {
+    atomic_fetch_add_explicit (&s->aio_inflight, 1, memory_order_relaxed);
+    enum protocol_aio started = protocol_start_aio (r, shard_aio_done);
+    if (started == PROTOCOL_AIO_STARTED)
+      return false;
+    atomic_fetch_sub_explicit (&s->aio_inflight, 1, memory_order_relaxed);
+    if (started == PROTOCOL_AIO_ANSWERED)
+      return true;
+  }
   if (dispatch_inline ()) {
     log_current = &r->conn->log;
     protocol_execute (r);
