@@ -95,6 +95,9 @@ report() {
   else
     fail=$((fail+1)); failed+=("$name")
     printf 'FAIL  %-40s (exit %d) log: %s\n' "$name" "$rc" "${log#$top/}"
+    # The failed checks first: the tail is often the servers' logs, and a
+    # CI excerpt that cuts the middle must still say what failed.
+    grep -m 5 '^FAIL: ' "$log" | sed 's/^/      ! /'
     tail -n 25 "$log" | sed 's/^/      | /'
   fi
 }
