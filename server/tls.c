@@ -141,6 +141,32 @@ collect_write (BIO *b, const char *data, size_t len, size_t *written)
   struct tls_conn *t = c->tls;
 
   BIO_clear_retry_flags (b);
+  /* A full record with nothing queued ahead of it goes to the socket
+   * straight from OpenSSL's buffer: copying 16 KiB into out to save a
+   * send costs more than the send where each side has a CPU of its own
+   * (docs/BENCHMARKS.md, TLS).  What the socket does not take is kept
+   * in out, in order, as any other record. */
+  if (len >= TLS_RECORD && t->out_off == t->out_len) {
+    size_t sent = 0;
+    while (sent < len) {
+      ssize_t k = send (c->fd, data + sent, len - sent, MSG_NOSIGNAL);
+      if (k < 0) {
+        if (errno == EINTR)
+          continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+          return 0;                 /* errno from send: SSL_ERROR_SYSCALL */
+        break;
+      }
+      sent += (size_t) k;
+    }
+    if (sent > 0 && cfg.idle_timeout)
+      c->t_active = now_ns ();      /* the client is reading */
+    t->out_off = t->out_len = 0;
+    memcpy (t->out, data + sent, len - sent);
+    t->out_len = len - sent;
+    *written = len;
+    return 1;
+  }
   if (len > TLS_OUT_CAP - t->out_len) {
     if (out_drain (c, t) == -1)
       return 0;                     /* errno from send: SSL_ERROR_SYSCALL */
