@@ -80,6 +80,15 @@ conn_new (struct shard *s, int fd, const char *peer)
   int one = 1;
   /* Fails harmlessly on Unix sockets, and so tells them apart. */
   c->tcp = setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0;
+  /* --tcp-congestion: BBR (a common default) paces its sends with a
+   * timer per socket; on loopback, with nothing to pace for, a stream of
+   * big READ replies then arms it every other reply, and in a VM each
+   * arming and firing exits to the hypervisor (docs/ARCHITECTURE.md,
+   * "What a big READ costs").  main.c checked the name at start. */
+  if (c->tcp && cfg.tcp_congestion
+      && setsockopt (fd, IPPROTO_TCP, TCP_CONGESTION, cfg.tcp_congestion,
+                     strlen (cfg.tcp_congestion)) == -1)
+    log_debug ("--tcp-congestion %s: %m", cfg.tcp_congestion);
 
   c->ev_read = event_new (s->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
   c->ev_write = event_new (s->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
