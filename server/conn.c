@@ -81,10 +81,11 @@ conn_new (struct shard *s, int fd, const char *peer)
   /* Fails harmlessly on Unix sockets, and so tells them apart. */
   c->tcp = setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0;
   /* --tcp-congestion: BBR (a common default) paces its sends with a
-   * timer per socket; on loopback, with nothing to pace for, a stream of
-   * big READ replies then arms it every other reply, and in a VM each
-   * arming and firing exits to the hypervisor (docs/ARCHITECTURE.md,
-   * "What a big READ costs").  main.c checked the name at start. */
+   * timer per socket; a stream of big READ replies sent faster than its
+   * pacing rate keeps arming it, and in a VM each arming and expiry exits
+   * to the hypervisor, while on loopback there is nothing to pace for
+   * (docs/ARCHITECTURE.md, "What a big READ costs").  main.c checked the
+   * name at start. */
   if (c->tcp && cfg.tcp_congestion
       && setsockopt (fd, IPPROTO_TCP, TCP_CONGESTION, cfg.tcp_congestion,
                      strlen (cfg.tcp_congestion)) == -1)
