@@ -43,6 +43,7 @@ import json
 import os
 import platform
 import shutil
+import shlex
 import signal
 import statistics
 import subprocess
@@ -64,7 +65,7 @@ BLKD = os.path.join(TOP, "blkd")
 BLKPERF = os.path.join(TOP, "blkperf")
 DISK = "1G"
 MAX_BUSY = 10.0          # percent of the machine others may use before a cell
-EXTRA_BLKD = []          # (name, path): other blkd builds to run beside ./blkd
+EXTRA_BLKD = []          # (name, path, options): other blkd builds or options beside ./blkd
 FIO_PINNED = False       # --fio-pinned: fio pinned apart too (a diagnosis)
 FIO_SAME_CPU = False     # --fio-same-cpu: fio and the server on one CPU (a diagnosis)
 SERVER_FILTER = []       # --servers: substrings of the server names to run
@@ -76,7 +77,7 @@ class Server:
         self.port = free_port()
         self.metrics = None
         argv = argv_fn(self.port, tmp)
-        if argv[0] in [BLKD] + [path for _, path in EXTRA_BLKD]:
+        if argv[0] in [BLKD] + [path for _, path, _ in EXTRA_BLKD]:
             mport = free_port()
             argv = argv[:1] + ["--metrics", "127.0.0.1:%d" % mport] + argv[1:]
             self.metrics = "http://127.0.0.1:%d/metrics" % mport
@@ -208,16 +209,21 @@ def blkd_server(path, *args):
 
 def target_servers(tmp):
     """The single-connection targets: nbdkit and blkd on Debian's memory
-    plugin, blkd's ram, and any other blkd builds named with --blkd."""
+    plugin and on this tree's ram (nbdkit loads it by path and copies:
+    the same plugin code, without lending), and any other blkd builds or
+    options named with --blkd."""
+    ram_so = os.path.join(TOP, "plugins", "ram", "nbdkit-ram-plugin.so")
     s = [
         ("nbdkit memory", lambda p, t: ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(p),
                                         "memory", DISK]),
+        ("nbdkit ram", lambda p, t: ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(p),
+                                     ram_so, DISK]),
         ("blkd memory", blkd_server(BLKD, "memory", DISK)),
         ("blkd ram", blkd_server(BLKD, "ram", DISK)),
     ]
-    for name, path in EXTRA_BLKD:
-        s.append((name + " memory", blkd_server(path, "memory", DISK)))
-        s.append((name + " ram", blkd_server(path, "ram", DISK)))
+    for name, path, opts in EXTRA_BLKD:
+        s.append((name + " memory", blkd_server(path, *opts, "memory", DISK)))
+        s.append((name + " ram", blkd_server(path, *opts, "ram", DISK)))
     return s, None
 
 
@@ -600,8 +606,9 @@ def main():
                     help="pin fio apart from the server too (to tell placement from the server)")
     ap.add_argument("--fio-same-cpu", action="store_true",
                     help="pin fio and the server to one CPU together (the other placement)")
-    ap.add_argument("--blkd", action="append", default=[], metavar="NAME=PATH",
-                    help="another blkd build to run beside ./blkd (targets part)")
+    ap.add_argument("--blkd", action="append", default=[], metavar="NAME=PATH [OPTIONS]",
+                    help="another blkd build, or options, to run beside ./blkd (targets "
+                    "part), e.g. --blkd 'reno=./blkd --tcp-congestion reno'")
     ap.add_argument("--max-busy", type=float, default=MAX_BUSY,
                     help="percent of the machine others may use before a cell")
     ap.add_argument("--out", default=None, help="write the markdown tables here")
@@ -617,8 +624,11 @@ def main():
     if "blkperf" in clients and not os.access(BLKPERF, os.X_OK):
         ap.error("build blkperf first (make blkperf), or --clients fio")
     for spec in a.blkd:
-        name, path = spec.split("=", 1)
-        EXTRA_BLKD.append((name, os.path.abspath(path)))
+        name, cmd = spec.split("=", 1)
+        argv = shlex.split(cmd)
+        if not name or not argv:
+            ap.error("--blkd takes NAME=PATH [OPTIONS]")
+        EXTRA_BLKD.append((name, os.path.abspath(argv[0]), argv[1:]))
     workloads = WORKLOADS
     if a.workloads:
         keys = a.workloads.split(",")

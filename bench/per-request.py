@@ -20,7 +20,8 @@ during each run, and a second table splits its CPU by part: user-space
 memcpy (a plugin's copy, and blkd's of small WRITE payloads out of its
 read buffer), the rest of the plugin, the server's own code (with its
 event loop and clock reads), the kernel's send path (and within it the
-wake-up of a sleeping client and the copy into the socket), receives,
+wake-up of a sleeping client, the copy into the socket, and the
+pacing timers BBR arms when a sender runs ahead of its rate), receives,
 waits (epoll, futex) and the rest.  Shares of the server's samples; times
 them by its CPU per request for microseconds.
 
@@ -91,12 +92,34 @@ def per_request(iops, n, srv_user_s, srv_sys_s, client_us, sp, fp):
 
 # --profile: the parts of the server's CPU, from its perf samples.
 PARTS = ["memcpy", "plugin", "server code", "send", "  wake client", "  copy to socket",
-         "receive", "wait", "other"]
+         "  pacing timers", "receive", "wait", "other"]
 
 
 def perf_report(path, args):
     return subprocess.run(["perf", "report", "-i", path, "--stdio", "-g", "none"] + args,
                           capture_output=True, text=True).stdout
+
+
+def pacing_share(path):
+    """Percent of the samples spent on TCP's pacing timers (BBR): arming
+    one in tcp_write_xmit (a tail call to hrtimer_start, so the sample
+    lands on the interrupt-enabling unlock with tcp_write_xmit as its
+    caller) and the timer interrupts, whose expiry sends what the pacing
+    held back.  The timer interrupt also carries the scheduler tick, a
+    small share (what is left with a congestion control that does not
+    pace)."""
+    out = subprocess.run(["perf", "script", "-i", path, "-F", "ip,sym"],
+                         capture_output=True, text=True).stdout
+    total = pacing = 0
+    for block in out.split("\n\n"):
+        frames = [line.split()[-1] for line in block.strip().splitlines() if line.strip()]
+        if not frames:
+            continue
+        total += 1
+        if (frames[:2] == ["_raw_spin_unlock_irqrestore", "tcp_write_xmit"]
+                or "asm_sysvec_apic_timer_interrupt" in frames):
+            pacing += 1
+    return 100.0 * pacing / total if total else 0.0
 
 
 def profile_split(path):
@@ -128,6 +151,7 @@ def profile_split(path):
         "send": ch("__sys_sendmsg", "__sys_sendto", "do_writev", "__x64_sys_sendfile64"),
         "  wake client": ch("sock_def_readable"),
         "  copy to socket": total.get("_copy_from_iter", (0, 0))[1],
+        "  pacing timers": pacing_share(path),
         "receive": ch("ksys_read", "do_readv", "__sys_recvfrom", "__sys_recvmsg"),
         "wait": ch("do_epoll_wait", "do_futex"),
     }

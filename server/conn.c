@@ -80,6 +80,16 @@ conn_new (struct shard *s, int fd, const char *peer)
   int one = 1;
   /* Fails harmlessly on Unix sockets, and so tells them apart. */
   c->tcp = setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0;
+  /* --tcp-congestion: BBR (a common default) paces its sends with a
+   * timer per socket; a stream of big READ replies sent faster than its
+   * pacing rate keeps arming it, and in a VM each arming and expiry exits
+   * to the hypervisor, while on loopback there is nothing to pace for
+   * (docs/ARCHITECTURE.md, "What a big READ costs").  main.c checked the
+   * name at start. */
+  if (c->tcp && cfg.tcp_congestion
+      && setsockopt (fd, IPPROTO_TCP, TCP_CONGESTION, cfg.tcp_congestion,
+                     strlen (cfg.tcp_congestion)) == -1)
+    log_debug ("--tcp-congestion %s: %m", cfg.tcp_congestion);
 
   c->ev_read = event_new (s->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
   c->ev_write = event_new (s->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);

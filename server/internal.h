@@ -110,6 +110,8 @@ struct blkd_config {
   uint32_t max_request;           /* --max-request: largest READ/WRITE payload */
   uint32_t max_inflight;          /* per connection before we stop reading */
   uint32_t reply_batch;           /* --reply-batch: send once this many replies wait (0: off) */
+  const char *tcp_congestion;     /* --tcp-congestion: for accepted TCP sockets; NULL: the
+                                     system's default */
   size_t iobuf_mem;               /* --iobuf-mem: pool bound, all shards */
   size_t iobuf_conn_cap;          /* pool bytes one connection may hold */
   enum iobuf_mode iobuf;

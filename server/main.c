@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
@@ -170,6 +172,9 @@ usage (FILE *f)
 "      --reply-batch N    send a clear-text connection's replies once N wait,\n"
 "                         not only when its batch of requests is parsed\n"
 "                         (default 8; 0: only at the end of the batch)\n"
+"      --tcp-congestion NAME\n"
+"                         TCP congestion control of client connections\n"
+"                         (e.g. reno; default: the system's)\n"
 "      --dispatch MODE    auto (default): call in-memory plugins on the shard\n"
 "                         thread, others on workers; inline; worker.  The\n"
 "                         handshake's .open and .list_exports go the same way\n"
@@ -253,6 +258,28 @@ parse_bool_opt (const char *arg)
   return b;
 }
 
+/* --tcp-congestion: refused at start unless a TCP socket takes it (a
+ * name the kernel lacks, or one an unprivileged process may not use), so
+ * a typo never leaves every connection on the default unannounced. */
+static void
+check_tcp_congestion (const char *name)
+{
+  int fd = socket (AF_INET, SOCK_STREAM, 0);
+  if (fd == -1)
+    fd = socket (AF_INET6, SOCK_STREAM, 0);
+  if (fd == -1) {
+    fprintf (stderr, "blkd: --tcp-congestion: socket: %m\n");
+    exit (EXIT_FAILURE);
+  }
+  if (setsockopt (fd, IPPROTO_TCP, TCP_CONGESTION, name, strlen (name)) == -1) {
+    fprintf (stderr, "blkd: --tcp-congestion: '%s': %m (available: "
+             "/proc/sys/net/ipv4/tcp_available_congestion_control; without "
+             "CAP_NET_ADMIN only tcp_allowed_congestion_control)\n", name);
+    exit (EXIT_FAILURE);
+  }
+  close (fd);
+}
+
 static int
 parse_choice (const char *opt, const char *arg, const char *const *choices)
 {
@@ -265,6 +292,7 @@ parse_choice (const char *opt, const char *arg, const char *const *choices)
 
 enum {
   OPT_RUN = 256, OPT_DUMP_PLUGIN, OPT_SHARDS, OPT_POLL_US, OPT_MAX_REQUEST, OPT_MAX_INFLIGHT, OPT_REPLY_BATCH,
+  OPT_TCP_CONGESTION,
   OPT_DISPATCH, OPT_IOBUF, OPT_IOBUF_MEM, OPT_QUEUE, OPT_SPARSE_READS,
   OPT_MAX_CONNECTIONS, OPT_HANDSHAKE_TIMEOUT, OPT_IDLE_TIMEOUT, OPT_RESTART_TIMEOUT, OPT_TLS,
   OPT_TLS_CERTIFICATES, OPT_TLS_VERIFY_PEER, OPT_TLS_PSK, OPT_TLS_SEAL, OPT_TLS_SUITES, OPT_METRICS, OPT_DELAYACCT,
@@ -311,6 +339,7 @@ static const struct option long_opts[] = {
   { "max-request", required_argument, NULL, OPT_MAX_REQUEST },
   { "max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT },
   { "reply-batch", required_argument, NULL, OPT_REPLY_BATCH },
+  { "tcp-congestion", required_argument, NULL, OPT_TCP_CONGESTION },
   { "dispatch", required_argument, NULL, OPT_DISPATCH },
   { "iobuf", required_argument, NULL, OPT_IOBUF },
   { "iobuf-mem", required_argument, NULL, OPT_IOBUF_MEM },
@@ -571,6 +600,10 @@ main (int argc, char **argv)
       break;
     case OPT_REPLY_BATCH:
       cfg.reply_batch = parse_int_opt ("--reply-batch", optarg, 0, 65536);
+      break;
+    case OPT_TCP_CONGESTION:
+      check_tcp_congestion (optarg);
+      cfg.tcp_congestion = optarg;
       break;
     case OPT_DISPATCH:
       cfg.dispatch = parse_choice ("--dispatch", optarg,
