@@ -628,6 +628,24 @@ payload_from_rbuf (struct conn *c)
   return c->recv_have >= r->count;
 }
 
+/* A WRITE whose payload rbuf holds whole, run on the shard thread at
+ * once: the plugin reads the payload where it lies, without the copy into
+ * the pool buffer first (the kernel client's small writes arrive several
+ * to a read, each header with its payload).  rbuf is not touched until
+ * the plugin call returns: nothing reads inside it.  A request for a
+ * worker or the plugin's aio outlives this round, and takes the copy. */
+static bool
+payload_in_place (struct conn *c)
+{
+  struct request *r = c->recv_req;
+  if (c->recv_have || r->placed || c->rlen - c->roff < r->count || !shard_runs_inline (r))
+    return false;
+  r->payload = c->rbuf + c->roff;
+  c->roff += r->count;
+  c->recv_have = r->count;
+  return true;
+}
+
 static bool
 conn_take (struct conn *c, enum protocol_next next, struct request *r)
 {
@@ -639,7 +657,7 @@ conn_take (struct conn *c, enum protocol_next next, struct request *r)
     conn_on_complete (r);
     return true;
   case PROTOCOL_PAYLOAD:
-    if (!payload_from_rbuf (c))
+    if (!payload_in_place (c) && !payload_from_rbuf (c))
       return false;                 /* read_some reads the rest */
     r = c->recv_req;
     c->recv_req = NULL;
@@ -1240,8 +1258,9 @@ conn_maybe_free (struct conn *c)
 
 /* Timeouts: handshake not finished, or idle (nothing in flight, or
  * replies the client is not reading: a client that stops reading must not
- * hold its buffers for ever).  Once a second (shard.c). */
-static void
+ * hold its buffers for ever).  Once a second while a connection may still
+ * meet one (shard.c); returns whether one may. */
+static bool
 conn_sweep (struct shard *s)
 {
   uint64_t now = now_ns ();
@@ -1268,6 +1287,14 @@ conn_sweep (struct shard *s)
   /* Connections closed above gave their buffers back: let waiters retry. */
   if (s->waiters)
     conn_wake_waiters (s);
+  /* Who may still time out: a connection in its handshake, or with
+   * --idle-timeout any in transmission (it may fall idle at any time). */
+  for (struct conn *c = s->conns; c; c = c->next)
+    if (c->fd >= 0 && ((cfg.handshake_timeout && c->phase != CONN_TRANSMISSION
+                        && c->phase != CONN_CLOSING)
+                       || (cfg.idle_timeout && c->phase == CONN_TRANSMISSION)))
+      return true;
+  return false;
 }
 
 const struct shard_conn_ops conn_shard_ops = {
