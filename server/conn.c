@@ -988,7 +988,10 @@ conn_pump (struct conn *c, bool do_read)
   /* TLS may hold whole records the socket will not announce again. */
   if (c->tls && !blocked && !(c->read_block & CONN_READ_PAUSED) && tls_pending (c))
     event_active (c->ev_read, EV_READ, 1);
-  conn_flush (c);
+  /* Replies queued this round put c on the shard's flush list, which the
+   * read callback flushes right after: once per wake-up, not twice. */
+  if (!c->flush_pending)
+    conn_flush (c);
 }
 
 static void
