@@ -633,12 +633,17 @@ payload_from_rbuf (struct conn *c)
  * the pool buffer first (the kernel client's small writes arrive several
  * to a read, each header with its payload).  rbuf is not touched until
  * the plugin call returns: nothing reads inside it.  A request for a
- * worker or the plugin's aio outlives this round, and takes the copy. */
+ * worker or the plugin's aio outlives this round, and takes the copy; so
+ * does one for a stack run inline only because the user said so
+ * (--dispatch inline on rawio): its plugin may do O_DIRECT from the
+ * page-aligned pool buffer, where an address in rbuf would cost it a
+ * bounce buffer.  In-memory stacks copy from anywhere. */
 static bool
 payload_in_place (struct conn *c)
 {
   struct request *r = c->recv_req;
-  if (c->recv_have || r->placed || c->rlen - c->roff < r->count || !shard_runs_inline (r))
+  if (c->recv_have || r->placed || c->rlen - c->roff < r->count || !backend_inline_safe ()
+      || !shard_runs_inline (r))
     return false;
   r->payload = c->rbuf + c->roff;
   c->roff += r->count;

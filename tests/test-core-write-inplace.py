@@ -22,6 +22,7 @@ from blkdtest import *  # noqa: E402,F401,F403
 
 K = 1024
 SIZES = [512, 4 * K, 4 * K, 8 * K, 4 * K, 16 * K, 4 * K, 1 * K]
+SLOT = 32 * K
 
 
 def batches(srv, tag, ordered):
@@ -32,9 +33,12 @@ def batches(srv, tag, ordered):
     cookie = 1
     for b in range(20):
         msg, want = [], {}
+        # Disjoint slots within a batch: requests in flight together may
+        # run in any order (workers), so no two of them overlap.
+        slots = rnd.sample(range(len(disk) // SLOT), 24)
         for i in range(24):
             n = SIZES[(b + i) % len(SIZES)]
-            off = rnd.randrange(0, len(disk) - n) // 512 * 512
+            off = slots[i] * SLOT + rnd.randrange(0, (SLOT - n) // 512 + 1) * 512
             if i % 6 == 5:
                 # A READ of a block this batch wrote: it must see that data.
                 off, n = last
