@@ -32,8 +32,10 @@
 # networking and says so in the table's heading.
 #
 # Per run: guest IOPS and MiB/s (fio), the requests the kernel sent and
-# their mean size (/sys/block/nbd0/stat), and the server's CPU (utime +
-# stime of all its threads, /proc/PID/stat) per request.  Under TCG (no
+# their mean size (/sys/block/nbd0/stat), and the server's CPU per
+# request: exact, from the process's CPU clock (the run time of all its
+# threads in ns, threads that exited during the run included), and as a
+# cross-check from utime + stime (/proc/PID/stat, 10 ms ticks).  Under TCG (no
 # real KVM: /dev/kvm missing or PVM) the emulated guest is the bottleneck
 # and shares the host's CPUs with the server: only CPU per request means
 # anything there, and the table says which accelerator ran.
@@ -143,22 +145,27 @@ order = []
 notes = []
 for line in open(raw):
     f = line.split()
-    if len(f) != 10:   # an attach refused (-C 4 without multi-conn) or fio failed
-        notes.append("| %s | %s | %s | | | | | |" % (f[2], f[3], " ".join(f[4:]).replace("_", " ")))
+    if len(f) not in (10, 11):   # an attach refused (-C 4 without multi-conn) or fio failed
+        notes.append("| %s | %s | %s | | | | | | | |" % (f[2], f[3], " ".join(f[4:]).replace("_", " ")))
         continue
-    _, rnd, srv, conns, job, iops, mibs, reqs, avgkb, ticks = f
+    _, rnd, srv, conns, job, iops, mibs, reqs, avgkb, ticks = f[:10]
+    ns = int(f[10]) if len(f) == 11 else None      # raw.txt of an older run: ticks only
     key = (srv, conns, job)
     if key not in runs:
         runs[key] = []
         order.append(key)
-    runs[key].append((float(iops), float(mibs), int(reqs), int(avgkb), int(ticks)))
+    runs[key].append((float(iops), float(mibs), int(reqs), int(avgkb), int(ticks), ns))
 lines = ["Kernel client (nbd.ko, nbd-client -C N) against each server: %s guest, %s"
          " networking; %s" % (accel.upper(), net, load.strip()), ""]
 if accel != "kvm":
     lines += ["Under TCG the guest is emulated and shares the host's CPUs with the"
               " server: IOPS and MiB/s say little; CPU per request is the figure.", ""]
+lines += ["Server CPU: its process CPU clock (ns, exact) over the requests of all"
+          " rounds, and each run's own (range); the ticks column is utime+stime"
+          " (10 ms ticks), a cross-check.", ""]
 lines += ["| server | -C | job | IOPS (median) | MiB/s (median) | requests | mean request KiB"
-          " | server CPU µs/request |", "|---|---|---|---|---|---|---|---|"]
+          " | server CPU µs/request | runs' range | from ticks |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
 jobs = []
 for k in order:
     if k[2] not in jobs:
@@ -169,11 +176,16 @@ for job in jobs:
             continue
         r = runs[k]
         reqs = sum(x[2] for x in r)
-        cpu = sum(x[4] for x in r) * 1e6 / tck / reqs if reqs else 0
-        lines.append("| %s | %s | %s | %.0f | %.1f | %d | %d | %.1f |" % (
+        cpu_t = sum(x[4] for x in r) * 1e6 / tck / reqs if reqs else 0
+        exact = all(x[5] is not None for x in r)
+        cpu = (sum(x[5] for x in r) / 1e3 / reqs if reqs else 0) if exact else None
+        each = [x[5] / 1e3 / x[2] for x in r if x[2]] if exact else []
+        spread = "%.2f–%.2f" % (min(each), max(each)) if len(each) > 1 else ""
+        lines.append("| %s | %s | %s | %.0f | %.1f | %d | %d | %s | %s | %.1f |" % (
             k[0], k[1], job, statistics.median(x[0] for x in r),
             statistics.median(x[1] for x in r), reqs,
-            round(statistics.median(x[3] for x in r)), cpu))
+            round(statistics.median(x[3] for x in r)),
+            "%.2f" % cpu if cpu is not None else "n/a", spread, cpu_t))
 lines += sorted(set(notes))
 open(out, "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))

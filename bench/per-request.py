@@ -54,7 +54,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from anchors import BLKPERF, TOP, free_port, proc_cpu, wait_port  # noqa: E402
 from benchlib import (CLIENT_PIN, NCPU, SERVER_CPU, blkperf_argv, parse_blkperf,  # noqa: E402
-                      pin)
+                      pin, proc_cpu_ns)
 
 # fio's --rw as blkperf's test.
 BLKPERF_TEST = {"read": "STREAM_READ", "write": "STREAM_WRITE", "randread": "RAND_READ",
@@ -63,7 +63,7 @@ BLKPERF_TEST = {"read": "STREAM_READ", "write": "STREAM_WRITE", "randread": "RAN
 SYSCALLS = ["read", "readv", "recvfrom", "recvmsg", "write", "writev", "sendto", "sendmsg",
             "epoll_wait", "poll", "ppoll", "futex", "setsockopt", "mmap", "munmap", "madvise"]
 EVENTS = ["syscalls:sys_enter_" + s for s in SYSCALLS] + [
-    "context-switches", "cpu-migrations", "page-faults"]
+    "context-switches", "cpu-migrations", "page-faults", "timer:hrtimer_start"]
 
 
 def perf_counts(path):
@@ -72,17 +72,18 @@ def perf_counts(path):
         for line in f:
             v = line.strip().split(",")
             if len(v) > 2 and v[0] and v[0][0].isdigit():
-                out[v[2].replace("syscalls:sys_enter_", "")] = float(v[0])
+                out[re.sub(r"^(syscalls:sys_enter_|timer:)", "", v[2])] = float(v[0])
     return out
 
 
-def per_request(iops, n, srv_user_s, srv_sys_s, client_us, sp, fp):
-    """One run's result: the server's CPU and both sides' perf counts per
-    request (the client's under "fio" whichever client ran)."""
+def per_request(iops, n, srv_ns, srv_user_s, client_us, sp, fp):
+    """One run's result: the server's CPU (its CPU clock, exact; the user
+    share from ticks) and both sides' perf counts per request (the
+    client's under "fio" whichever client ran)."""
     s, f = perf_counts(sp), perf_counts(fp)
     return {
         "iops": iops, "n": n,
-        "srv_cpu_us": (srv_user_s + srv_sys_s) * 1e6 / n,
+        "srv_cpu_us": srv_ns / 1e3 / n,
         "srv_user_us": srv_user_s * 1e6 / n,
         "fio_cpu_us": client_us,
         "srv": {k: v / n for k, v in s.items()},
@@ -185,6 +186,7 @@ def run_one(spec, a, tmp):
                        cwd=tmp, stderr=subprocess.DEVNULL)
         sp, fp = os.path.join(tmp, "srv.perf"), os.path.join(tmp, "fio.perf")
         u0, s0 = proc_cpu(srv.pid)
+        n0 = proc_cpu_ns(srv.pid)
         perf = subprocess.Popen(["perf", "stat", "-x,", "-e", ",".join(EVENTS), "-p",
                                  str(srv.pid), "-o", sp])
         rec = None
@@ -195,7 +197,7 @@ def run_one(spec, a, tmp):
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.2)
         if a.client == "blkperf":
-            r = run_blkperf_counted(a, srv, uri, sp, fp, perf, u0, s0)
+            r = run_blkperf_counted(a, srv, uri, sp, fp, perf, u0, n0)
             if rec:
                 rec.send_signal(signal.SIGINT)
                 rec.wait(30)
@@ -207,6 +209,7 @@ def run_one(spec, a, tmp):
                                          "--runtime=%g" % a.seconds, "--output-format=json"],
                              capture_output=True, text=True, cwd=tmp)
         u1, s1 = proc_cpu(srv.pid)
+        n1 = proc_cpu_ns(srv.pid)
         perf.send_signal(signal.SIGINT)
         perf.wait(10)
         if rec:
@@ -217,7 +220,7 @@ def run_one(spec, a, tmp):
         j = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
         io = j["read"] if j["read"]["io_bytes"] else j["write"]
         n = io["total_ios"] or 1
-        r = per_request(io["iops"], n, u1 - u0, s1 - s0,
+        r = per_request(io["iops"], n, n1 - n0, u1 - u0,
                         (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["job_runtime"] * 1e3 / n,
                         sp, fp)
         if rec:
@@ -232,7 +235,7 @@ def run_one(spec, a, tmp):
             srv.wait()
 
 
-def run_blkperf_counted(a, srv, uri, sp, fp, perf, u0, s0):
+def run_blkperf_counted(a, srv, uri, sp, fp, perf, u0, n0):
     """One blkperf run pinned apart from the server (the server on the
     last CPU for the run), counted like fio's."""
     if a.rw not in BLKPERF_TEST:
@@ -246,7 +249,8 @@ def run_blkperf_counted(a, srv, uri, sp, fp, perf, u0, s0):
                              blkperf_argv(BLKPERF, uri, BLKPERF_TEST[a.rw], a.bs, a.iodepth, 1,
                                           a.seconds),
                              capture_output=True, text=True)
-        u1, s1 = proc_cpu(srv.pid)
+        u1, _ = proc_cpu(srv.pid)
+        n1 = proc_cpu_ns(srv.pid)
     finally:
         if pinned:
             pin(srv.pid, "0-%d" % (NCPU - 1))
@@ -255,7 +259,7 @@ def run_blkperf_counted(a, srv, uri, sp, fp, perf, u0, s0):
     if out.returncode != 0:
         raise RuntimeError("blkperf failed: %s" % out.stderr)
     r = parse_blkperf(out.stdout)
-    return per_request(r["iops"], r["requests"] or 1, u1 - u0, s1 - s0,
+    return per_request(r["iops"], r["requests"] or 1, n1 - n0, u1 - u0,
                        r["client_us_req"] or 0, sp, fp)
 
 
@@ -300,7 +304,7 @@ def main():
     for s, rs in res.items():
         def m(key, sub=None):
             return statistics.median([(r[sub].get(key, 0) if sub else r[key]) for r in rs])
-        keys = SYSCALLS + ["context-switches", "cpu-migrations", "page-faults"]
+        keys = SYSCALLS + ["context-switches", "cpu-migrations", "page-faults", "hrtimer_start"]
         srv = {k: m(k, "srv") for k in keys}
         fio = {k: m(k, "fio") for k in keys}
         print("| %s | %.0f | %.1f (%.1f) | %.1f | %s | %s |" % (

@@ -638,6 +638,29 @@ payload_from_rbuf (struct conn *c)
   return c->recv_have >= r->count;
 }
 
+/* A WRITE whose payload rbuf holds whole, run on the shard thread at
+ * once: the plugin reads the payload where it lies, without the copy into
+ * the pool buffer first (the kernel client's small writes arrive several
+ * to a read, each header with its payload).  rbuf is not touched until
+ * the plugin call returns: nothing reads inside it.  A request for a
+ * worker or the plugin's aio outlives this round, and takes the copy; so
+ * does one for a stack run inline only because the user said so
+ * (--dispatch inline on rawio): its plugin may do O_DIRECT from the
+ * page-aligned pool buffer, where an address in rbuf would cost it a
+ * bounce buffer.  In-memory stacks copy from anywhere. */
+static bool
+payload_in_place (struct conn *c)
+{
+  struct request *r = c->recv_req;
+  if (c->recv_have || r->placed || c->rlen - c->roff < r->count || !backend_inline_safe ()
+      || !shard_runs_inline (r))
+    return false;
+  r->payload = c->rbuf + c->roff;
+  c->roff += r->count;
+  c->recv_have = r->count;
+  return true;
+}
+
 static bool
 conn_take (struct conn *c, enum protocol_next next, struct request *r)
 {
@@ -649,7 +672,7 @@ conn_take (struct conn *c, enum protocol_next next, struct request *r)
     conn_on_complete (r);
     return true;
   case PROTOCOL_PAYLOAD:
-    if (!payload_from_rbuf (c))
+    if (!payload_in_place (c) && !payload_from_rbuf (c))
       return false;                 /* read_some reads the rest */
     r = c->recv_req;
     c->recv_req = NULL;
@@ -980,7 +1003,10 @@ conn_pump (struct conn *c, bool do_read)
   /* TLS may hold whole records the socket will not announce again. */
   if (c->tls && !blocked && !(c->read_block & CONN_READ_PAUSED) && tls_pending (c))
     event_active (c->ev_read, EV_READ, 1);
-  conn_flush (c);
+  /* Replies queued this round put c on the shard's flush list, which the
+   * read callback flushes right after: once per wake-up, not twice. */
+  if (!c->flush_pending)
+    conn_flush (c);
 }
 
 static void
@@ -1250,8 +1276,9 @@ conn_maybe_free (struct conn *c)
 
 /* Timeouts: handshake not finished, or idle (nothing in flight, or
  * replies the client is not reading: a client that stops reading must not
- * hold its buffers for ever).  Once a second (shard.c). */
-static void
+ * hold its buffers for ever).  Once a second while a connection may still
+ * meet one (shard.c); returns whether one may. */
+static bool
 conn_sweep (struct shard *s)
 {
   uint64_t now = now_ns ();
@@ -1278,6 +1305,14 @@ conn_sweep (struct shard *s)
   /* Connections closed above gave their buffers back: let waiters retry. */
   if (s->waiters)
     conn_wake_waiters (s);
+  /* Who may still time out: a connection in its handshake, or with
+   * --idle-timeout any in transmission (it may fall idle at any time). */
+  for (struct conn *c = s->conns; c; c = c->next)
+    if (c->fd >= 0 && ((cfg.handshake_timeout && c->phase != CONN_TRANSMISSION
+                        && c->phase != CONN_CLOSING)
+                       || (cfg.idle_timeout && c->phase == CONN_TRANSMISSION)))
+      return true;
+  return false;
 }
 
 const struct shard_conn_ops conn_shard_ops = {

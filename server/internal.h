@@ -299,6 +299,9 @@ struct request {
   uint16_t flags, type;
   int error;                      /* errno result, 0 on success */
   struct iobuf *buf;              /* READ data / WRITE payload / BS descriptors */
+  const void *payload;            /* a WRITE's payload where it lies when not in
+                                     buf: the connection's read buffer, for a
+                                     request run on the shard thread at once */
   uint64_t t_queued;              /* ns: when parsed; once the plugin call ends,
                                      when the reply was ready (delayacct.h) */
   uint64_t d_queued, d_plugin;    /* ns: durations, measured where they happen
@@ -601,7 +604,8 @@ struct shard {
   struct conn *waiters;           /* conns waiting for pool buffers (conn.c) */
   struct conn *flush_list;        /* conns with replies queued this round (conn.c) */
   struct event *ev_drain_timeout;
-  struct event *ev_sweep;         /* once a second: handshake/idle timeouts */
+  struct event *ev_sweep;         /* handshake/idle timeouts: armed only
+                                     while a connection may need them */
   struct queue *queue;            /* this shard's work queue (split mode) */
   bool draining;
   uint64_t reads;                 /* read callbacks run: the poll window's signal */
@@ -629,7 +633,10 @@ struct shard_conn_ops {
    * (linked by next, replies built; may be NULL): queue and send them,
    * and let connections waiting for pool buffers retry. */
   void (*completed) (struct shard *s, struct request *done);
-  void (*sweep) (struct shard *s);              /* once a second: timeouts */
+  /* Once a second while needed: the timeouts; false once no connection
+   * of s has one that could expire (the shard then stops the timer
+   * until a connection arrives). */
+  bool (*sweep) (struct shard *s);
   void (*shutdown) (struct conn *c);            /* drain, then close */
   void (*close_now) (struct conn *c);
 };
@@ -642,6 +649,9 @@ void shard_complete (struct request *r);          /* worker → shard */
  * reply is built already (inline, or failed at once): the caller queues
  * it; false: it comes back through the ops' completed. */
 bool shard_dispatch (struct request *r);
+/* Will shard_dispatch run r on this thread before it returns (no worker,
+ * no aio)?  Then what r points to need only live until it returns. */
+bool shard_runs_inline (const struct request *r);
 /* Run handshake_call for c: inline when requests run inline (1: done
  * now), else on a worker (0: it comes back through the ops' completed as
  * a request of type REQUEST_HANDSHAKE, counted in c->inflight); -1 when

@@ -665,7 +665,8 @@ protocol_execute (struct request *r)
             ? err : 0;
     }
     else
-      err = backend_pwrite (top, r->buf->data, r->count, r->offset, fua, &err) == -1 ? err : 0;
+      err = backend_pwrite (top, r->payload ? r->payload : r->buf->data, r->count, r->offset,
+                            fua, &err) == -1 ? err : 0;
     break;
   case NBD_CMD_FLUSH:
     err = backend_flush (top, 0, &err) == -1 ? err : 0;

@@ -13,6 +13,7 @@ request_reset (struct request *r)
   r->conn = NULL;
   r->error = 0;
   r->buf = NULL;
+  r->payload = NULL;
   r->niov = 0;
   r->iov_sent = 0;
   r->nlent = 0;

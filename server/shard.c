@@ -27,6 +27,7 @@ static atomic_uint next_shard;
 void (*shard_conn_gone_hook) (struct shard *s);
 /* The connections' side (conn.c's conn_shard_ops): the shard's one way up. */
 static const struct shard_conn_ops *conn_ops;
+static void shard_sweep_arm (struct shard *s);
 
 unsigned
 shard_total_conns (void)
@@ -92,6 +93,12 @@ shard_dispatch (struct request *r)
   }
   queue_push (global_queue ? global_queue : s->queue, r);
   return false;
+}
+
+bool
+shard_runs_inline (const struct request *r)
+{
+  return !backend_aio_ready (r->conn->pc.top) && dispatch_inline ();
 }
 
 /* A worker's job: run the request (or a handshake's plugin call), then
@@ -253,6 +260,8 @@ shard_conn_adopt (struct shard *s, int fd, const char *peer)
     atomic_fetch_sub (&s->nconns_shared, 1);
     atomic_fetch_sub (&total_conns, 1);
   }
+  else
+    shard_sweep_arm (s);
   return c;
 }
 
@@ -272,12 +281,27 @@ shard_drain_timeout (evutil_socket_t fd, short what, void *arg)
 
 /* Timeouts are checked by one sweep a second per shard rather than a
  * timer per connection: re-arming a timer on every request would cost a
- * heap operation per request for a limit that is counted in seconds. */
+ * heap operation per request for a limit that is counted in seconds.
+ * And only while some connection may time out (one in its handshake, or
+ * any with --idle-timeout): with a timer pending, every sleep in
+ * epoll_wait has a timeout, which the kernel arms and cancels as an
+ * hrtimer each time, and libevent reads the clock for it on every turn
+ * of the loop; with none, the shard sleeps with no timeout at all. */
 static void
 shard_sweep (evutil_socket_t fd, short what, void *arg)
 {
   struct shard *s = arg;
-  conn_ops->sweep (s);
+  if (conn_ops->sweep (s))
+    shard_sweep_arm (s);
+}
+
+/* A connection arrived (or may need the sweep again): make sure it runs. */
+static void
+shard_sweep_arm (struct shard *s)
+{
+  static const struct timeval sec = { .tv_sec = 1 };
+  if (s->ev_sweep && !evtimer_pending (s->ev_sweep, NULL) && evtimer_add (s->ev_sweep, &sec) == -1)
+    log_error ("shard %d: cannot arm the timeout sweep", s->index);
 }
 
 static void
@@ -341,6 +365,7 @@ shard_on_notify (evutil_socket_t fd, short what, void *arg)
       atomic_fetch_sub (&total_conns, 1);
       continue;
     }
+    shard_sweep_arm (s);
     conn_ops->start (c);
   }
   free (nc);
@@ -552,8 +577,10 @@ shard_start_all (const struct shard_conn_ops *ops)
     struct event_config *ec = event_config_new ();
     if (!ec)
       return -1;
-    /* The base is touched only by its own thread: no libevent locking. */
-    event_config_set_flag (ec, EVENT_BASE_FLAG_NOLOCK);
+    /* The base is touched only by its own thread: no libevent locking.
+     * And no cached time: libevent would read the clock after every
+     * epoll_wait to keep it, for callbacks that never ask for it. */
+    event_config_set_flag (ec, EVENT_BASE_FLAG_NOLOCK | EVENT_BASE_FLAG_NO_CACHE_TIME);
     s->base = event_base_new_with_config (ec);
     event_config_free (ec);
     s->notify_fd = eventfd (0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -567,9 +594,8 @@ shard_start_all (const struct shard_conn_ops *ops)
     if (!s->ev_notify || event_add (s->ev_notify, NULL) == -1)
       return -1;
     if (cfg.handshake_timeout || cfg.idle_timeout) {
-      struct timeval sec = { .tv_sec = 1 };
-      s->ev_sweep = event_new (s->base, -1, EV_PERSIST, shard_sweep, s);
-      if (!s->ev_sweep || event_add (s->ev_sweep, &sec) == -1)
+      s->ev_sweep = evtimer_new (s->base, shard_sweep, s);   /* armed by connections */
+      if (!s->ev_sweep)
         return -1;
     }
     if (need_workers && cfg.queue == QUEUE_SPLIT) {

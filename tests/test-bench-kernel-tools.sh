@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # bench/kernel.sh's host-side tools without a guest: tests/vm/control.py
-# starts a blkd variant (another binary path with its own options) and
+# starts a blkd variant (another binary path with its own options),
 # traces a server over a stretch of requests (strace -c, the summary
-# written when "trace stop" ends it); bench/kernel-budget.py sorts
-# made-up call chains into their parts.  Nothing here is timed.
+# written when "trace stop" ends it) and reads its CPU time both ways
+# (ticks, and the exact CPU clock, which must cover what its threads'
+# schedstat shows); bench/kernel-budget.py sorts made-up call chains
+# into their parts.  Nothing here is timed.
 . "$(dirname "$0")/lib.sh"
 PY=/usr/bin/python3
 need strace
@@ -68,6 +70,22 @@ for _ in 1 2 3; do
 done
 r=$(ctl trace v1 stop)
 [ "$r" = OK ] || fail "trace stop: $r"
+
+# The CPU clock counts every thread's run time: at least the sum of the
+# live threads' schedstat read just before it, and the same time as the
+# ticks (utime+stime are scaled to it) up to their rounding.
+ss=$(cat /proc/"$pid"/task/*/schedstat | awk '{ s += $1 } END { printf "%d", s }')
+r=$(ctl cpu v1)
+"$PY" - "$r" "$ss" "$(getconf CLK_TCK)" <<'EOF2' || fail "cpu: $r (schedstat sum $ss)"
+import sys
+f = sys.argv[1].split()
+ss, tck = int(sys.argv[2]), int(sys.argv[3])
+assert len(f) == 3 and f[0] == "OK", f
+ticks, ns = int(f[1]), int(f[2])
+assert ns > 0 and ns >= ss, (ns, ss)
+tick_ns = 1e9 / tck
+assert abs(ticks * tick_ns - ns) <= 3 * tick_ns + 0.02 * ns, (ticks, ns)
+EOF2
 out="$T/trace/1-1-probe.v1.strace-c"
 [ -s "$out" ] || fail "no trace output ($(cat "$out.err" 2>/dev/null))"
 grep -q "total" "$out" || fail "strace -c summary missing: $(cat "$out")"

@@ -19,8 +19,10 @@ Commands (reply: "OK ..." or "ERR reason"):
   count ID REGEX         lines of the server's request log (@LOG@) matching
                          REGEX -> OK N
   grep ID REGEX          lines of the server's own output matching REGEX -> OK N
-  cpu ID                 utime+stime of the server and its children, in
-                         clock ticks -> OK T
+  cpu ID                 the server's CPU time: utime+stime of it and its
+                         children in clock ticks, and its CPU clock in ns
+                         (every thread's run time, exited threads' too, and
+                         its live children's) -> OK TICKS NS
   fds ID                 open file descriptors of the server -> OK N
   settle ID FDS SECS     wait until the server holds at most FDS descriptors
                          and (blkd) /metrics shows no connection, nothing in
@@ -367,11 +369,23 @@ class Control:
 
     def cpu(self, sid):
         srv = self.get(sid)
-        return "OK %d" % self.cputicks(srv.pid)
+        ticks, ns = self.cputime(srv.pid)
+        return "OK %d %d" % (ticks, ns)
 
-    def cputicks(self, pid):
-        """utime+stime of PID, its reaped children (cutime+cstime) and its
-        living descendants: nbd-server forks a process per client."""
+    @staticmethod
+    def cpuclock_ns(pid):
+        """The process's CPU clock, as clock_getcpuclockid(3) names it for
+        another process: the kernel's sum of its threads' run time in ns
+        (what /proc/PID/task/*/schedstat shows first, for the living
+        ones) plus what its exited threads ran, which it keeps.  Exact,
+        where utime+stime are counted in clock ticks."""
+        return time.clock_gettime_ns(((~pid) << 3) | 2)   # CPUCLOCK_SCHED
+
+    def cputime(self, pid):
+        """(ticks, ns): utime+stime of PID, its reaped children
+        (cutime+cstime) and its living descendants (nbd-server forks a
+        process per client), and the CPU clock of PID and of those
+        descendants (a reaped child's run time is in ticks only)."""
         def stat(p):
             return open("/proc/%d/stat" % p).read().rsplit(")", 1)[1].split()
         kids = {}
@@ -382,17 +396,19 @@ class Control:
                 except (OSError, IndexError):
                     pass
         f = stat(pid)
-        total = sum(int(x) for x in f[11:15])
+        ticks = sum(int(x) for x in f[11:15])
+        ns = self.cpuclock_ns(pid)
         todo = list(kids.get(pid, []))
         while todo:
             p = todo.pop()
             try:
                 g = stat(p)
+                ns += self.cpuclock_ns(p)
             except OSError:
                 continue
-            total += int(g[11]) + int(g[12])
+            ticks += int(g[11]) + int(g[12])
             todo += kids.get(p, [])
-        return total
+        return ticks, ns
 
     # What each --trace tool runs on a server's process, and whether its
     # output is perf's binary file (-o) or text (strace -o, perf stat -o).

@@ -2,10 +2,11 @@
 # case): fio on /dev/nbd0 against each server in turn within each round
 # (the order reversed on every other round); one line per run on the
 # console:
-#   BENCH ROUND SERVER CONNS JOB IOPS MIBS REQUESTS AVG_KIB CPU_TICKS
+#   BENCH ROUND SERVER CONNS JOB IOPS MIBS REQUESTS AVG_KIB CPU_TICKS CPU_NS
 # REQUESTS and AVG_KIB are what the kernel sent (/sys/block/nbd0/stat:
 # reads, writes, discards and flushes completed); CPU_TICKS is the
-# server's utime+stime over the run (/proc/PID/stat on the host).
+# server's utime+stime over the run (/proc/PID/stat on the host), CPU_NS
+# the same time exactly (the process's CPU clock; control.py's "cpu").
 # /vm/bench.conf sets BENCH_SERVERS, BENCH_JOBS, BENCH_CONNS,
 # BENCH_SECONDS, BENCH_ROUNDS and BENCH_SIZE (bytes), and BENCH_TRACE=1
 # when the host's control service is to trace each run (TRACE).
@@ -94,12 +95,14 @@ case_bench() {
             echo "BENCH $r $s $c $j fio-failed" >/dev/console; continue; }
           t1=$(ctl_ok cpu "$s") || exit 1
           [ -n "${BENCH_TRACE:-}" ] && { (ctl_ok trace "$s" stop) >/dev/null || exit 1; }
+          set -- $t0 $t1
+          cpu="$(($3 - $1)) $(($4 - $2))"     # ticks, ns
           set -- $(bench_stat); q1=$1 s1=$2
           q=$((q1 - q0))
           avg=0; [ $q -gt 0 ] && avg=$(((s1 - s0) * 512 / 1024 / q))
           # terse v3: field 7/8 read KiB/s and IOPS, 48/49 write's.
           set -- $(awk -F';' '{ printf "%d %.1f", $8 + $49, ($7 + $48) / 1024 }' /tmp/fio.bench)
-          echo "BENCH $r $s $c $j $1 $2 $q $avg $((t1 - t0))" >/dev/console
+          echo "BENCH $r $s $c $j $1 $2 $q $avg $cpu" >/dev/console
         done
         detach
       done
