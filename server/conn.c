@@ -1305,12 +1305,13 @@ conn_sweep (struct shard *s)
   /* Connections closed above gave their buffers back: let waiters retry. */
   if (s->waiters)
     conn_wake_waiters (s);
-  /* Who may still time out: a connection in its handshake, or with
-   * --idle-timeout any in transmission (it may fall idle at any time). */
+  /* Who may still time out: with --idle-timeout any connection not
+   * closing (one in transmission may fall idle at any time, and one in
+   * its handshake reaches transmission with nothing to arm the sweep
+   * again: only a new connection does), else one in its handshake. */
   for (struct conn *c = s->conns; c; c = c->next)
-    if (c->fd >= 0 && ((cfg.handshake_timeout && c->phase != CONN_TRANSMISSION
-                        && c->phase != CONN_CLOSING)
-                       || (cfg.idle_timeout && c->phase == CONN_TRANSMISSION)))
+    if (c->fd >= 0 && c->phase != CONN_CLOSING
+        && (cfg.idle_timeout || (cfg.handshake_timeout && c->phase != CONN_TRANSMISSION)))
       return true;
   return false;
 }
