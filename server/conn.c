@@ -88,8 +88,15 @@ conn_new (struct shard *s, int fd, const char *peer)
    * name at start. */
   if (c->tcp && cfg.tcp_congestion
       && setsockopt (fd, IPPROTO_TCP, TCP_CONGESTION, cfg.tcp_congestion,
-                     strlen (cfg.tcp_congestion)) == -1)
-    log_debug ("--tcp-congestion %s: %m", cfg.tcp_congestion);
+                     strlen (cfg.tcp_congestion)) == -1) {
+    /* Not expected once main.c's check passed with our rights; named
+     * with the connection, which is not the current one yet. */
+    const struct log_ctx *was = log_current;
+    log_current = &c->log;
+    log_warn ("--tcp-congestion %s: %m; this connection keeps the system's default",
+              cfg.tcp_congestion);
+    log_current = was;
+  }
 
   c->ev_read = event_new (s->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
   c->ev_write = event_new (s->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
