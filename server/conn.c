@@ -88,8 +88,15 @@ conn_new (struct shard *s, int fd, const char *peer)
    * name at start. */
   if (c->tcp && cfg.tcp_congestion
       && setsockopt (fd, IPPROTO_TCP, TCP_CONGESTION, cfg.tcp_congestion,
-                     strlen (cfg.tcp_congestion)) == -1)
-    log_debug ("--tcp-congestion %s: %m", cfg.tcp_congestion);
+                     strlen (cfg.tcp_congestion)) == -1) {
+    /* Not expected once main.c's check passed with our rights; named
+     * with the connection, which is not the current one yet. */
+    const struct log_ctx *was = log_current;
+    log_current = &c->log;
+    log_warn ("--tcp-congestion %s: %m; this connection keeps the system's default",
+              cfg.tcp_congestion);
+    log_current = was;
+  }
 
   c->ev_read = event_new (s->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
   c->ev_write = event_new (s->base, fd, EV_WRITE | EV_PERSIST, conn_on_write, c);
@@ -1305,12 +1312,13 @@ conn_sweep (struct shard *s)
   /* Connections closed above gave their buffers back: let waiters retry. */
   if (s->waiters)
     conn_wake_waiters (s);
-  /* Who may still time out: a connection in its handshake, or with
-   * --idle-timeout any in transmission (it may fall idle at any time). */
+  /* Who may still time out: with --idle-timeout any connection not
+   * closing (one in transmission may fall idle at any time, and one in
+   * its handshake reaches transmission with nothing to arm the sweep
+   * again: only a new connection does), else one in its handshake. */
   for (struct conn *c = s->conns; c; c = c->next)
-    if (c->fd >= 0 && ((cfg.handshake_timeout && c->phase != CONN_TRANSMISSION
-                        && c->phase != CONN_CLOSING)
-                       || (cfg.idle_timeout && c->phase == CONN_TRANSMISSION)))
+    if (c->fd >= 0 && c->phase != CONN_CLOSING
+        && (cfg.idle_timeout || (cfg.handshake_timeout && c->phase != CONN_TRANSMISSION)))
       return true;
   return false;
 }

@@ -260,24 +260,35 @@ parse_bool_opt (const char *arg)
 
 /* --tcp-congestion: refused at start unless a TCP socket takes it (a
  * name the kernel lacks, or one an unprivileged process may not use), so
- * a typo never leaves every connection on the default unannounced. */
-static void
-check_tcp_congestion (const char *name)
+ * a typo never leaves every connection on the default unannounced.
+ * Asked while parsing (a typo fails before anything is bound) and again
+ * once -u/-g took effect: the kernel checks the caller's rights on each
+ * connection's setsockopt, and root may pick what USER may not.  as: how
+ * the message names the rights.  -1 after printing why. */
+static int
+check_tcp_congestion (const char *name, const char *as)
 {
-  int fd = socket (AF_INET, SOCK_STREAM, 0);
+  int fd = socket (AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd == -1)
-    fd = socket (AF_INET6, SOCK_STREAM, 0);
+    fd = socket (AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd == -1) {
     fprintf (stderr, "blkd: --tcp-congestion: socket: %m\n");
-    exit (EXIT_FAILURE);
+    return -1;
   }
   if (setsockopt (fd, IPPROTO_TCP, TCP_CONGESTION, name, strlen (name)) == -1) {
-    fprintf (stderr, "blkd: --tcp-congestion: '%s': %m (available: "
+    fprintf (stderr, "blkd: --tcp-congestion: '%s'%s: %m (available: "
              "/proc/sys/net/ipv4/tcp_available_congestion_control; without "
-             "CAP_NET_ADMIN only tcp_allowed_congestion_control)\n", name);
-    exit (EXIT_FAILURE);
+             "CAP_NET_ADMIN only tcp_allowed_congestion_control)\n", name, as);
+    goto err;
   }
   close (fd);
+  return 0;
+
+err:;
+  int e = errno;
+  close (fd);
+  errno = e;
+  return -1;
 }
 
 static int
@@ -602,7 +613,8 @@ main (int argc, char **argv)
       cfg.reply_batch = parse_int_opt ("--reply-batch", optarg, 0, 65536);
       break;
     case OPT_TCP_CONGESTION:
-      check_tcp_congestion (optarg);
+      if (check_tcp_congestion (optarg, "") == -1)
+        exit (EXIT_FAILURE);
       cfg.tcp_congestion = optarg;
       break;
     case OPT_DISPATCH:
@@ -822,6 +834,11 @@ main (int argc, char **argv)
   }
   /* After a live restart we run as USER already. */
   if (!restart_adopting () && drop_privileges (user, uid, group, gid) == -1) {
+    exit_code = EXIT_FAILURE;
+    goto out_listen;
+  }
+  if (cfg.tcp_congestion && (user || group)
+      && check_tcp_congestion (cfg.tcp_congestion, " as -u/-g's user") == -1) {
     exit_code = EXIT_FAILURE;
     goto out_listen;
   }

@@ -15,11 +15,16 @@
  *   buffer and sealed as one record, and large payload spans are written
  *   straight from the pooled (or lent) buffer, one full record per
  *   SSL_write.  Once the handshake is done OpenSSL's write BIO is ours
- *   (collect_bio): it appends each record to `out` instead of writing it,
- *   and `out` goes to the socket in one send(2) when full or when the
- *   queued replies are all sealed, so a 256 KiB reply costs two sends
- *   rather than seventeen writes.  Whatever else OpenSSL writes (alerts,
- *   KeyUpdates, close_notify) lands in the same buffer in its order.
+ *   (collect_bio): a full record with nothing queued ahead of it goes to
+ *   the socket straight from OpenSSL's buffer; every other record is
+ *   appended to `out`, which goes to the socket in one send(2) when full
+ *   or when the queued replies are all sealed, so small replies share
+ *   sends.  Limit: a large reply's header is a small record of its own,
+ *   queued ahead of the payload's first full records, which are then
+ *   appended (copied) too until `out` fills: 8 of the 16 records of a
+ *   256 KiB reply (strace: one send of the header and 8 records, then 8
+ *   of one record each).  Whatever else OpenSSL writes (alerts,
+ *   KeyUpdates, close_notify) lands in `out` in its order.
  * - after TLS_REKEY_RECORDS records under one TLS 1.3 key, a KeyUpdate
  *   (ossl_rekey_policy), and a client's update_requested is answered
  *   without waiting for the next reply (answer_key_update). */
@@ -129,11 +134,13 @@ out_drain (struct conn *c, struct tls_conn *t)
 
 /* ---- OpenSSL's records, collected ------------------------------------ */
 
-/* collect_bio's write: append the record OpenSSL just sealed to out.  When
- * out has no room, send what it holds first; if the socket will not take
- * enough, refuse with a retry, as a full socket BIO would (OpenSSL keeps
- * the record and writes it again on the next call).  Never reorders:
- * out is sent from its front, appended at its end. */
+/* collect_bio's write: send a full record at once when out is empty (the
+ * rest of it, if the socket takes only part, stays in out), else append
+ * the record OpenSSL just sealed to out.  When out has no room, send what
+ * it holds first; if the socket will not take enough, refuse with a
+ * retry, as a full socket BIO would (OpenSSL keeps the record and writes
+ * it again on the next call).  Never reorders: out is sent from its
+ * front, appended at its end, and bypassed only while it is empty. */
 static int
 collect_write (BIO *b, const char *data, size_t len, size_t *written)
 {

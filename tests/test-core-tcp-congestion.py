@@ -3,7 +3,8 @@
 # congestion control (ss shows it on the server's side of the socket),
 # and data moves both ways on it; without the option the connection
 # keeps the system's default.  A name the kernel does not have, or an
-# empty one, is refused at start (exit 1, the option named).
+# empty one, is refused at start (exit 1, the option named), and so is,
+# as root with -u nobody, one only CAP_NET_ADMIN may pick.
 import os
 import re
 import shutil
@@ -75,3 +76,46 @@ connection_uses([], default, "no option")
 connection_uses(["--tcp-congestion", alg], alg, "--tcp-congestion %s" % alg)
 ok("--tcp-congestion sets accepted connections' congestion control; the default is kept "
    "without it")
+
+
+def as_user():
+    """Started as root with -u, blkd serves as that user, whose rights
+    decide what each connection's setsockopt may pick: a congestion
+    control only CAP_NET_ADMIN may use (available, not allowed) must be
+    refused at start, as a typo is, not taken as root and then missed on
+    every connection (and by a live restart's image, which starts as the
+    user already and would refuse it then); an allowed one is set."""
+    if os.geteuid() != 0:
+        note("not root: -u not tried")
+        return
+    import pwd
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        note("no user nobody: -u not tried")
+        return
+    allowed = sysctl("tcp_allowed_congestion_control")
+    privileged = [a for a in sysctl("tcp_available_congestion_control") if a not in allowed]
+    if not privileged:
+        note("every available congestion control is allowed to all users: -u not tried")
+        return
+    what = "-u nobody --tcp-congestion %s (not in tcp_allowed_congestion_control)" % privileged[0]
+    p = subprocess.Popen([BLKD, "-f", "-i", "127.0.0.1", "-p", "0", "-u", "nobody",
+                          "--tcp-congestion", privileged[0], "memory", "1M"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = p.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate(timeout=10)
+        check(False, "%s is refused at start" % what, "it started and served: " + err.strip())
+        return
+    check(p.returncode == 1 and "--tcp-congestion" in err, "%s is refused at start" % what,
+          "exit %d: %s" % (p.returncode, err.strip()))
+    if alg in allowed:
+        connection_uses(["-u", "nobody", "--tcp-congestion", alg], alg,
+                        "-u nobody --tcp-congestion %s" % alg)
+
+
+as_user()
