@@ -15,14 +15,16 @@
  *   buffer and sealed as one record, and large payload spans are written
  *   straight from the pooled (or lent) buffer, one full record per
  *   SSL_write.  Once the handshake is done OpenSSL's write BIO is ours
- *   (collect_bio): a full record goes to the socket straight from
- *   OpenSSL's buffer, in one sendmsg behind whatever `out` holds (a large
- *   reply's header is a small record of its own); every other record is
+ *   (collect_bio): a full record with nothing queued ahead of it goes to
+ *   the socket straight from OpenSSL's buffer; every other record is
  *   appended to `out`, which goes to the socket in one send(2) when full
  *   or when the queued replies are all sealed, so small replies share
- *   sends.  Only what the socket does not take is copied into `out`.
- *   Whatever else OpenSSL writes (alerts, KeyUpdates, close_notify)
- *   lands in `out` in its order.
+ *   sends.  Limit: a large reply's header is a small record of its own,
+ *   queued ahead of the payload's first full records, which are then
+ *   appended (copied) too until `out` fills: 8 of the 16 records of a
+ *   256 KiB reply (strace: one send of the header and 8 records, then 8
+ *   of one record each).  Whatever else OpenSSL writes (alerts,
+ *   KeyUpdates, close_notify) lands in `out` in its order.
  * - after TLS_REKEY_RECORDS records under one TLS 1.3 key, a KeyUpdate
  *   (ossl_rekey_policy), and a client's update_requested is answered
  *   without waiting for the next reply (answer_key_update). */
@@ -32,7 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 
 #include <event2/event.h>
 #include <openssl/err.h>
@@ -133,14 +134,13 @@ out_drain (struct conn *c, struct tls_conn *t)
 
 /* ---- OpenSSL's records, collected ------------------------------------ */
 
-/* collect_bio's write: send a full record at once, behind what out holds
- * (what the socket does not take of either stays in out), else append
+/* collect_bio's write: send a full record at once when out is empty (the
+ * rest of it, if the socket takes only part, stays in out), else append
  * the record OpenSSL just sealed to out.  When out has no room, send what
  * it holds first; if the socket will not take enough, refuse with a
  * retry, as a full socket BIO would (OpenSSL keeps the record and writes
  * it again on the next call).  Never reorders: out is sent from its
- * front and appended at its end, and a record sent at once goes in the
- * same sendmsg after all of out. */
+ * front, appended at its end, and bypassed only while it is empty. */
 static int
 collect_write (BIO *b, const char *data, size_t len, size_t *written)
 {
@@ -148,24 +148,15 @@ collect_write (BIO *b, const char *data, size_t len, size_t *written)
   struct tls_conn *t = c->tls;
 
   BIO_clear_retry_flags (b);
-  /* A full record goes to the socket straight from OpenSSL's buffer,
-   * behind whatever out holds (a reply's header is a small record of its
-   * own), in one sendmsg: copying 16 KiB into out to save a send costs
-   * more than the send where each side has a CPU of its own
-   * (docs/BENCHMARKS.md, TLS).  What the socket does not take is kept in
-   * out, in order, as any other record. */
-  if (len >= TLS_RECORD) {
-    size_t pending = t->out_len - t->out_off;
+  /* A full record with nothing queued ahead of it goes to the socket
+   * straight from OpenSSL's buffer: copying 16 KiB into out to save a
+   * send costs more than the send where each side has a CPU of its own
+   * (docs/BENCHMARKS.md, TLS).  What the socket does not take is kept
+   * in out, in order, as any other record. */
+  if (len >= TLS_RECORD && t->out_off == t->out_len) {
     size_t sent = 0;
-    while (sent < pending + len) {
-      struct iovec iov[2];
-      int n = 0;
-      if (sent < pending)
-        iov[n++] = (struct iovec) { t->out + t->out_off + sent, pending - sent };
-      size_t in_data = sent > pending ? sent - pending : 0;
-      iov[n++] = (struct iovec) { (void *) (data + in_data), len - in_data };
-      struct msghdr msg = { .msg_iov = iov, .msg_iovlen = n };
-      ssize_t k = sendmsg (c->fd, &msg, MSG_NOSIGNAL);
+    while (sent < len) {
+      ssize_t k = send (c->fd, data + sent, len - sent, MSG_NOSIGNAL);
       if (k < 0) {
         if (errno == EINTR)
           continue;
@@ -177,16 +168,11 @@ collect_write (BIO *b, const char *data, size_t len, size_t *written)
     }
     if (sent > 0 && cfg.idle_timeout)
       c->t_active = now_ns ();      /* the client is reading */
-    if (sent >= pending) {
-      size_t took = sent - pending;
-      t->out_off = t->out_len = 0;
-      memcpy (t->out, data + took, len - took);
-      t->out_len = len - took;
-      *written = len;
-      return 1;
-    }
-    /* Not even out went: the record joins it, below. */
-    t->out_off += sent;
+    t->out_off = t->out_len = 0;
+    memcpy (t->out, data + sent, len - sent);
+    t->out_len = len - sent;
+    *written = len;
+    return 1;
   }
   if (len > TLS_OUT_CAP - t->out_len) {
     if (out_drain (c, t) == -1)
