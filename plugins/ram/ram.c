@@ -36,11 +36,12 @@
  * out under the write lock; the free then only drops the table's
  * reference, and the memory is freed (or kept as a spare, never while
  * referenced) when the last unsent reply lets go.  So a trimmed, zeroed
- * or replaced chunk is never reused while a reply still points into it.  A write into a lent chunk lands in
- * place (no copy-on-write): a reply racing it carries, byte by byte, the
- * old or the new data of this disk, never anything else.  A whole-chunk
- * aligned WRITE is received into fresh chunks blkd fills from the socket
- * and swapped in only once the payload is complete.
+ * or replaced chunk is never reused while a reply still points into it.
+ * A write into a lent chunk lands in place (no copy-on-write): a reply
+ * racing it carries, byte by byte, the old or the new data of this disk,
+ * never anything else.  A whole-chunk aligned WRITE is received into
+ * fresh chunks blkd fills from the socket and swapped in only once the
+ * payload is complete.
  */
 
 #define NBDKIT_API_VERSION 2
