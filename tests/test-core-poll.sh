@@ -6,6 +6,9 @@
 # the same way keeps it spinning: the control that shows the check can
 # fail), nor one whose client runs on the shard's own CPU, over TCP or a
 # Unix socket (the same client on another CPU is the control).
+# run.sh: serial
+# (CPU ticks of a pinned server: another test on the other CPU blurs
+# the on-its-CPU case against its control.)
 . "$(dirname "$0")/lib.sh"
 need qemu-io
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import nbd' 2>/dev/null || skip "python3 nbd module missing"
