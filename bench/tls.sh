@@ -6,7 +6,8 @@
 #   bench/tls.sh [ROUNDS]        (default 3; env: SIZE=1G BLKD=./blkd
 #                                 REQ="262144 4096" MODE=x509|psk
 #                                 CIPHER=default|aes128|aes256
-#                                 BASE=PATH PROFILE=DIR PIN=1)
+#                                 BASE=PATH PROFILE=DIR PIN=1
+#                                 LOAD=nbdcopy|blkperf SECS=8)
 #
 # BASE=PATH adds another blkd binary with default settings ("blkd_base"),
 # e.g. one built from an earlier commit, for a before/after in one run.
@@ -22,6 +23,15 @@
 # (pinned apart), so that the client and the server cannot take each
 # other's CPU and the rate says which server is cheaper; nbdcopy's CPU
 # share is printed beside each run so that a client-bound run shows.
+#
+# LOAD=blkperf: the load is blkperf's STREAM_READ (one connection, 16
+# requests in flight, through libnbd's TLS) for SECS seconds per run
+# instead of nbdcopy copying the disk.  blkd then serves /metrics and each
+# blkd run prints the READs blkperf counted beside the ones blkd's
+# blkd_requests_total counted over the run, so a rate is only believed
+# where the two agree; with PIN=1 this is the client-bound check: whether
+# a client on a CPU of its own, as cheap as libnbd's TLS gets, still
+# leaves the server's CPU idle.
 #
 # CIPHER: each server picks the TLS 1.3 suite by its own preference
 # (default: blkd AES-128-GCM, nbdkit/GnuTLS AES-256-GCM); aes128/aes256
@@ -43,6 +53,9 @@ BLKD=${BLKD:-$TOP/blkd}
 REQ=${REQ:-"262144 4096"}
 MODE=${MODE:-x509}
 CIPHER=${CIPHER:-default}
+LOAD=${LOAD:-nbdcopy}
+SECS=${SECS:-8}
+case $LOAD in nbdcopy|blkperf) ;; *) echo "bench/tls.sh: LOAD must be nbdcopy or blkperf" >&2; exit 1 ;; esac
 TMP=$(mktemp -d /tmp/blkd-bench-tls.XXXXXX)
 PIDS=()
 cleanup() {
@@ -53,6 +66,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "bench/tls.sh: $*" >&2; exit 1; }
+[ "$LOAD" = nbdcopy ] || [ -x "$TOP/blkperf" ] || { echo "bench/tls.sh: no $TOP/blkperf (make blkperf)" >&2; exit 1; }
 for t in nbdkit nbdcopy openssl; do command -v $t >/dev/null || fail "$t is not installed"; done
 [ -x "$BLKD" ] || fail "no blkd at $BLKD (make blkd)"
 . "$TOP/tests/helpers/tls.sh"
@@ -80,7 +94,8 @@ start() {  # NAME BINARY ARGS... -> sets PORT_<NAME>, PID_<NAME>
   wait_port "$port"
 }
 SERVERS="blkd"
-start blkd "$BLKD" memory "$SIZE"
+METRICS_PORT=$(free_port)
+start blkd "$BLKD" --metrics "127.0.0.1:$METRICS_PORT" memory "$SIZE"
 if [ -n "${BASE:-}" ]; then
   [ -x "$BASE" ] || fail "BASE=$BASE is not an executable"
   start blkd_base "$BASE" memory "$SIZE"
@@ -95,6 +110,13 @@ uri() {  # NAME
   else echo "nbds://127.0.0.1:${!port}/?tls-certificates=$CLIENT"; fi
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# READs blkd has answered, from its own /metrics.
+served_reads() {
+  /usr/bin/python3 -c 'import re, sys, urllib.request
+t = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()
+m = re.search(r"^blkd_requests_total\{cmd=\"read\"\} (\d+)", t, re.M)
+print(m.group(1) if m else sys.exit("no read count in /metrics"))' "http://127.0.0.1:$METRICS_PORT/metrics"
+}
 
 case $CIPHER in
   default) ;;
@@ -166,7 +188,11 @@ hz=$(getconf CLK_TCK)
 echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "# $(grep -m1 'blkd: TLS' "$TMP/blkd.log")"
 echo "# TLS 1.3 suites (CIPHER=$CIPHER): blkd $(suite blkd), nbdkit $(suite nbdkit)"
-echo "# $ROUNDS rounds, $mib MiB per run, nbdcopy defaults otherwise (multi-conn)"
+if [ "$LOAD" = blkperf ]; then
+  echo "# $ROUNDS rounds, blkperf STREAM_READ for ${SECS}s per run (1 connection, 16 in flight)"
+else
+  echo "# $ROUNDS rounds, $mib MiB per run, nbdcopy defaults otherwise (multi-conn)"
+fi
 printf '%-6s %-5s %-8s %5s %10s %12s %7s %7s\n' server mode req round MiB/s cpu_us/MiB server client
 : >"$TMP/results"
 mode=$MODE
@@ -177,16 +203,32 @@ TIMEFORMAT='%U %S'
         pidv=PID_$s
         c0=$(cpu_ticks "${!pidv}")
         t0=$(date +%s.%N)
-        # bash's time reports the client's own CPU (user, system) on fd 2.
-        { time "${CLIENT_WRAP[@]}" nbdcopy "$(uri $s)" null: --request-size="$req" 2>&3; } 3>&2 2>"$TMP/client-time"
-        t1=$(date +%s.%N)
-        c1=$(cpu_ticks "${!pidv}")
-        rate=$(echo "$mib / ($t1 - $t0)" | bc -l)
-        cpu=$(echo "($c1 - $c0) * 1000000 / $hz / $mib" | bc -l)
+        moved=$mib check=
+        if [ "$LOAD" = blkperf ]; then
+          [ "$s" = blkd ] && n0=$(served_reads)
+          # bash's time reports the client's own CPU (user, system) on fd 2.
+          { time "${CLIENT_WRAP[@]}" "$TOP/blkperf" -t STREAM_READ -b "$req" -l "$SECS" --quiet \
+              --json "$(uri $s)" >"$TMP/blkperf.json" 2>&3; } 3>&2 2>"$TMP/client-time"
+          t1=$(date +%s.%N)
+          c1=$(cpu_ticks "${!pidv}")
+          read -r moved rate nreq < <(/usr/bin/python3 -c 'import json, sys
+j = json.load(open(sys.argv[1]))
+if j["errors"]: sys.exit("blkperf counted %d errors" % j["errors"])
+print(j["bytes"] / 1048576, j["throughput_mib_s"], j["reads"])' "$TMP/blkperf.json") \
+            || fail "blkperf's output is unreadable"
+          [ "$s" = blkd ] && check="client $nreq reads, blkd $(( $(served_reads) - n0 ))"
+        else
+          # bash's time reports the client's own CPU (user, system) on fd 2.
+          { time "${CLIENT_WRAP[@]}" nbdcopy "$(uri $s)" null: --request-size="$req" 2>&3; } 3>&2 2>"$TMP/client-time"
+          t1=$(date +%s.%N)
+          c1=$(cpu_ticks "${!pidv}")
+          rate=$(echo "$mib / ($t1 - $t0)" | bc -l)
+        fi
+        cpu=$(echo "($c1 - $c0) * 1000000 / $hz / $moved" | bc -l)
         # CPU shares: CPU seconds per wall second (one thread full = 1.00).
         sshare=$(echo "($c1 - $c0) / $hz / ($t1 - $t0)" | bc -l)
         cshare=$(awk -v w="$(echo "$t1 - $t0" | bc -l)" '{print ($1 + $2) / w}' "$TMP/client-time")
-        printf '%-6s %-5s %-8s %5d %10.0f %12.0f %7.2f %7.2f\n' "$s" "$mode" "$req" "$r" "$rate" "$cpu" "$sshare" "$cshare"
+        printf '%-6s %-5s %-8s %5d %10.0f %12.0f %7.2f %7.2f  %s\n' "$s" "$mode" "$req" "$r" "$rate" "$cpu" "$sshare" "$cshare" "$check"
         echo "$s $mode $req $rate $cpu" >>"$TMP/results"
       done
     done
