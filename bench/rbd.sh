@@ -150,6 +150,9 @@ thread_snap() {
   done >"$2"
 }
 HZ=$(getconf CLK_TCK)
+NCPU=$(nproc)
+# busy_ticks: the machine's busy and total CPU ticks so far, as BUSY:TOTAL.
+busy_ticks() { awk '/^cpu / { t = 0; for (i = 2; i <= 9; i++) t += $i; print t - $5 - $6 ":" t }' /proc/stat; }
 
 # fio_args WORKLOAD: rw, bs, iodepth, numjobs.
 fio_args() {
@@ -162,11 +165,15 @@ fio_args() {
   esac
 }
 
-# run SERVER WORKLOAD: one fio run; appends "server workload iops mibs cpu_us" to results.
-# CPU: the server's ticks over the run; for librbd-direct, fio's own process
-# (its librbd threads included), from /usr/bin/time.
+# run SERVER WORKLOAD: one fio run; appends "server workload iops mibs cpu_us
+# client_us busy" to results.  CPU: the server's ticks over the run; for
+# librbd-direct, fio's own process (its librbd threads included), from
+# /usr/bin/time.  client_us: fio's own CPU per request (for NBD servers, the
+# hop's client); busy: how many of the machine's CPUs were busy over the run
+# (/proc/stat), which says whether the OSD, server and client together
+# filled the machine.
 run() {
-  local s=$1 wl=$2 rw bs qd jobs eng t0 t1 pid cpu
+  local s=$1 wl=$2 rw bs qd jobs eng t0 t1 pid cpu ccpu b0 b1
   read -r rw bs qd jobs <<<"$(fio_args "$wl")"
   if [ "$s" = librbd ]; then
     [ "$jobs" = 4 ] && { qd=$((qd * 4)); jobs=1; }
@@ -177,17 +184,20 @@ run() {
   pid=${SPID[$s]:-}
   t0=$([ -n "$pid" ] && cpu_ticks "$pid" || echo 0)
   [ -z "$pid" ] || thread_snap "$pid" "$W/threads0"
+  b0=$(busy_ticks)
   /usr/bin/time -f "%U %S" -o "$W/time.out" \
     fio --name="$s-$wl" "${eng[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$jobs" \
       --size="$SIZE" --time_based --runtime="$SECS" --ramp_time=1 --group_reporting \
       --output-format=json --output="$W/fio.json" >/dev/null 2>"$W/fio.err" \
     || { cat "$W/fio.err" >&2; echo "bench/rbd.sh: fio failed ($s $wl)" >&2; exit 1; }
+  b1=$(busy_ticks)
+  ccpu=$(awk '{ print $1 + $2 }' "$W/time.out")
   if [ -n "$pid" ]; then
     t1=$(cpu_ticks "$pid")
     thread_snap "$pid" "$W/threads1"
     cpu=$(echo "($t1 - $t0) / $HZ" | bc -l)
   else
-    cpu=$(awk '{ print $1 + $2 }' "$W/time.out")
+    cpu=$ccpu
     : >"$W/threads0"; : >"$W/threads1"
   fi
   # Per thread kind: CPU us and context switches per request, and how many
@@ -211,14 +221,17 @@ for k, (t, c, n) in d.items():
 EOF
   # The CPU covers the whole run (ramp included), the requests only those
   # after the ramp: a slight overestimate, the same for every server.
-  $PY - "$W/fio.json" "$s" "$wl" "$cpu" <<'EOF' | tee -a "$W/results"
+  $PY - "$W/fio.json" "$s" "$wl" "$cpu" "$ccpu" "$b0" "$b1" "$NCPU" <<'EOF' | tee -a "$W/results"
 import json, sys
-f, s, wl, cpu = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+f, s, wl = sys.argv[1:4]
+cpu, ccpu = float(sys.argv[4]), float(sys.argv[5])
+(u0, t0), (u1, t1) = ([int(x) for x in a.split(":")] for a in sys.argv[6:8])
 j = json.load(open(f))["jobs"][0]
-ios = j["read"]["total_ios"] + j["write"]["total_ios"]
+ios = max(j["read"]["total_ios"] + j["write"]["total_ios"], 1)
 iops = j["read"]["iops"] + j["write"]["iops"]
 mibs = (j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 2**20
-print("%s %s %.0f %.1f %.1f" % (s, wl, iops, mibs, cpu * 1e6 / max(ios, 1)))
+busy = (u1 - u0) / max(t1 - t0, 1) * int(sys.argv[8])
+print("%s %s %.0f %.1f %.1f %.1f %.2f" % (s, wl, iops, mibs, cpu * 1e6 / ios, ccpu * 1e6 / ios, busy))
 EOF
 }
 
@@ -236,27 +249,31 @@ has librbd && for t in read write; do
   ops=$(timeout 300 rbd bench --io-type "$t" --io-size 4K --io-threads 32 --io-pattern rand \
         --io-total $((SECS * 8000 * 4096)) img-librbd 2>/dev/null \
         | sed -nE 's/.*elapsed: *[0-9.]+ +ops: *[0-9]+ +ops\/sec: *([0-9.]+).*/\1/p')
-  echo "rbd-bench rand$t-1 ${ops:-0} $(echo "${ops:-0} * 4 / 1024" | bc -l | xargs printf '%.1f') 0" \
+  echo "rbd-bench rand$t-1 ${ops:-0} $(echo "${ops:-0} * 4 / 1024" | bc -l | xargs printf '%.1f') 0 0 0" \
     | tee -a "$W/results"
 done
 echo "uptime after: $(uptime)" | tee -a "$OUT/rbd.uptime"
 
-$PY - "$W/results" "$OUT/rbd.md" "$ROUNDS" "$SECS" "$OUT/rbd.uptime" <<'EOF'
+$PY - "$W/results" "$OUT/rbd.md" "$ROUNDS" "$SECS" "$OUT/rbd.uptime" "$NCPU" <<'EOF'
 import statistics, sys
 from collections import defaultdict
 res, out, rounds, secs, up = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+NCPU = int(sys.argv[6])
 runs = defaultdict(list)
 for line in open(res):
-    s, wl, iops, mibs, cpu = line.split()
-    runs[(wl, s)].append((float(iops), float(mibs), float(cpu)))
+    s, wl, iops, mibs, cpu, ccpu, busy = line.split()
+    runs[(wl, s)].append((float(iops), float(mibs), float(cpu), float(ccpu), float(busy)))
 wls = list(dict.fromkeys(k[0] for k in runs))
 servers = list(dict.fromkeys(k[1] for k in runs))
 lines = ["# rbd: NBD servers over one MemStore OSD (bench/rbd.sh)", "",
          "%s rounds of %s s, medians; ratios against blkd (aio path)." % (rounds, secs),
          "Only ratios from one run mean anything; the OSD shares the machine's CPUs.", "",
          "```", open(up).read().strip(), "```", "",
-         "| workload | server | IOPS | MiB/s | server CPU us/request | IOPS vs blkd | CPU vs blkd |",
-         "|---|---|---|---|---|---|---|"]
+         "client CPU: fio's own per request (for librbd, fio is the whole client and",
+         "its server); CPUs busy: of the machine's %d, over the run." % NCPU, "",
+         "| workload | server | IOPS | MiB/s | server CPU us/request | client CPU us/request "
+         "| CPUs busy | IOPS vs blkd | CPU vs blkd |",
+         "|---|---|---|---|---|---|---|---|---|"]
 for wl in wls:
     base = runs.get((wl, "blkd"))
     bi = statistics.median(r[0] for r in base) if base else 0
@@ -265,11 +282,13 @@ for wl in wls:
         if (wl, s) not in runs:
             continue
         v = runs[(wl, s)]
-        i, m, c = (statistics.median(r[k] for r in v) for k in range(3))
+        i, m, c, cc, busy = (statistics.median(r[k] for r in v) for k in range(5))
         ri = "%.2f" % (i / bi) if bi else "-"
         rc = "%.2f" % (c / bc) if bc and c and s not in ("librbd", "rbd-bench") else "-"
         cs = "%.1f" % c if s != "rbd-bench" else "-"
-        lines.append("| %s | %s | %.0f | %.1f | %s | %s | %s |" % (wl, s, i, m, cs, ri, rc))
+        ccs = "%.1f" % cc if s not in ("librbd", "rbd-bench") else "-"
+        bs = "%.2f" % busy if s != "rbd-bench" else "-"
+        lines.append("| %s | %s | %.0f | %.1f | %s | %s | %s | %s | %s |" % (wl, s, i, m, cs, ccs, bs, ri, rc))
 open(out, "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
