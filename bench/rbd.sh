@@ -7,7 +7,8 @@
 #                                   WORKLOADS="randread-1 randread-4 randwrite-1 ..."
 #                                   SERVERS="blkd blkd-noaio qemu-nbd nbdkit-py librbd"
 #                                   AB="PARAM=VALUE ..." AB_OPTS="--blkd-option ..."
-#                                   AB_BLKD=/path/to/other/blkd)
+#                                   AB_BLKD=/path/to/other/blkd
+#                                   CLIENT=fio|blkperf FLUSH_FIRST=1)
 #
 # Workloads (fio; NBD servers through fio's nbd engine): 4k random read and write
 # at QD32 on 1 connection and on 4 (4 jobs x QD32), 64 KiB and 1 MiB sequential
@@ -32,6 +33,26 @@
 # blkd runs twice: with its aio path (the default) and with aio=false (the
 # plugin's synchronous calls on blkd's workers), so the extension's share is
 # measured, not assumed.
+#
+# The NBD client: CLIENT=fio (default: fio's nbd engine, what users run) or
+# CLIENT=blkperf (this project's client, which costs less CPU per request:
+# RAND_READ/RAND_WRITE at the same depth and connections, STREAM_READ/
+# STREAM_WRITE for the sequential rows); librbd-direct is always fio's rbd
+# engine.  On a machine the OSD shares, what the client spends is CPU the
+# OSD does not get, so the cheaper client says how much of the hop's cost
+# is the client's.
+#
+# librbd's cache mode: with rbd_cache_writethrough_until_flush (librbd's
+# default) an image's cache writes through until its client's first flush
+# and is write-back (Ceph 16: writearound) after it.  fio's rbd engine
+# leaves librbd in write-back mode (its rate is the same with
+# rbd_cache_writethrough_until_flush=false and halves with
+# rbd_cache_policy=writethrough), and a real NBD client (the kernel, qemu)
+# flushes; fio's nbd engine and blkperf send no flush in a write run, which
+# would leave the NBD servers' librbd writing through alone.  So before
+# every NBD run one flush goes to the server (python3-libnbd, on a
+# connection held open through the run), as a real client's first fsync
+# would (FLUSH_FIRST=0: none).
 #
 # Caches, as each server ships: qemu-nbd runs with --cache=none, for which
 # qemu's rbd driver turns librbd's cache off (rbd_cache=false); blkd, nbdkit's
@@ -63,6 +84,10 @@ WORKLOADS=${WORKLOADS:-"randread-1 randread-4 randwrite-1 randwrite-4 read64k wr
 PY=/usr/bin/python3
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+CLIENT=${CLIENT:-fio}
+FLUSH_FIRST=${FLUSH_FIRST:-1}
+case $CLIENT in fio|blkperf) ;; *) echo "bench/rbd.sh: CLIENT must be fio or blkperf" >&2; exit 1 ;; esac
+[ "$CLIENT" = fio ] || [ -x "$TOP/blkperf" ] || { echo "bench/rbd.sh: build blkperf first" >&2; exit 1; }
 for b in fio qemu-nbd nbdkit rbd ceph-mon ceph-osd; do
   command -v "$b" >/dev/null || { echo "bench/rbd.sh: $b is not installed" >&2; exit 1; }
 done
@@ -165,6 +190,30 @@ fio_args() {
   esac
 }
 
+# blkperf_run SERVER RW BS QD JOBS: the same load from blkperf (JOBS
+# connections), its counts written as fio's JSON would have them, so the
+# rest of run() reads one format.
+blkperf_run() {
+  local s=$1 rw=$2 bs=$3 qd=$4 jobs=$5 t
+  case $rw in
+    randread) t=RAND_READ ;; randwrite) t=RAND_WRITE ;;
+    read) t=STREAM_READ ;; write) t=STREAM_WRITE ;;
+  esac
+  /usr/bin/time -f "%U %S" -o "$W/time.out" \
+    "$TOP/blkperf" -t "$t" -b "$bs" -q "$qd" -C "$jobs" -l "$SECS" -w 1 --quiet --json \
+      "nbd://127.0.0.1:${PORT[$s]}/" >"$W/blkperf.json" 2>"$W/fio.err" \
+    || { cat "$W/fio.err" >&2; echo "bench/rbd.sh: blkperf failed ($s $rw)" >&2; exit 1; }
+  $PY - "$W/blkperf.json" "$W/fio.json" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+if j["errors"]:
+    sys.exit("blkperf counted %d errors" % j["errors"])
+side = lambda n: {"total_ios": n, "iops": n / j["elapsed_s"],
+                  "bw_bytes": j["bytes"] * n / max(j["requests"], 1) / j["elapsed_s"]}
+json.dump({"jobs": [{"read": side(j["reads"]), "write": side(j["writes"])}]}, open(sys.argv[2], "w"))
+EOF
+}
+
 # run SERVER WORKLOAD: one fio run; appends "server workload iops mibs cpu_us
 # client_us busy" to results.  CPU: the server's ticks over the run; for
 # librbd-direct, fio's own process (its librbd threads included), from
@@ -182,15 +231,37 @@ run() {
     eng=(--ioengine=nbd --uri="nbd://127.0.0.1:${PORT[$s]}/")
   fi
   pid=${SPID[$s]:-}
+  # The flush's connection stays open through the run: blkd closes an
+  # image when its last connection goes, and a reopened image writes
+  # through again until its next flush.
+  local holder= i
+  if [ "$s" != librbd ] && [ "$FLUSH_FIRST" = 1 ]; then
+    rm -f "$W/flushed"
+    $PY -c 'import nbd, sys, time
+h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.flush(); open(sys.argv[2], "w").close()
+time.sleep(3600)' "nbd://127.0.0.1:${PORT[$s]}/" "$W/flushed" &
+    holder=$!
+    for ((i = 0; i < 600; i++)); do
+      [ -e "$W/flushed" ] && break
+      kill -0 "$holder" 2>/dev/null || break
+      sleep 0.1
+    done
+    [ -e "$W/flushed" ] || { echo "bench/rbd.sh: the flush before $s $wl failed" >&2; exit 1; }
+  fi
   t0=$([ -n "$pid" ] && cpu_ticks "$pid" || echo 0)
   [ -z "$pid" ] || thread_snap "$pid" "$W/threads0"
   b0=$(busy_ticks)
-  /usr/bin/time -f "%U %S" -o "$W/time.out" \
-    fio --name="$s-$wl" "${eng[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$jobs" \
-      --size="$SIZE" --time_based --runtime="$SECS" --ramp_time=1 --group_reporting \
-      --output-format=json --output="$W/fio.json" >/dev/null 2>"$W/fio.err" \
-    || { cat "$W/fio.err" >&2; echo "bench/rbd.sh: fio failed ($s $wl)" >&2; exit 1; }
+  if [ "$s" != librbd ] && [ "$CLIENT" = blkperf ]; then
+    blkperf_run "$s" "$rw" "$bs" "$qd" "$jobs"
+  else
+    /usr/bin/time -f "%U %S" -o "$W/time.out" \
+      fio --name="$s-$wl" "${eng[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$jobs" \
+        --size="$SIZE" --time_based --runtime="$SECS" --ramp_time=1 --group_reporting \
+        --output-format=json --output="$W/fio.json" >/dev/null 2>"$W/fio.err" \
+      || { cat "$W/fio.err" >&2; echo "bench/rbd.sh: fio failed ($s $wl)" >&2; exit 1; }
+  fi
   b1=$(busy_ticks)
+  if [ -n "$holder" ]; then kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null || true; fi
   ccpu=$(awk '{ print $1 + $2 }' "$W/time.out")
   if [ -n "$pid" ]; then
     t1=$(cpu_ticks "$pid")
