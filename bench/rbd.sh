@@ -8,7 +8,8 @@
 #                                   SERVERS="blkd blkd-noaio qemu-nbd nbdkit-py librbd"
 #                                   AB="PARAM=VALUE ..." AB_OPTS="--blkd-option ..."
 #                                   AB_BLKD=/path/to/other/blkd
-#                                   CLIENT=fio|blkperf FLUSH_FIRST=1)
+#                                   CLIENT=fio|blkperf FLUSH_FIRST=1
+#                                   QEMU_CACHE=writeback|none)
 #
 # Workloads (fio; NBD servers through fio's nbd engine): 4k random read and write
 # at QD32 on 1 connection and on 4 (4 jobs x QD32), 64 KiB and 1 MiB sequential
@@ -54,10 +55,14 @@
 # connection held open through the run), as a real client's first fsync
 # would (FLUSH_FIRST=0: none).
 #
-# Caches, as each server ships: qemu-nbd runs with --cache=none, for which
-# qemu's rbd driver turns librbd's cache off (rbd_cache=false); blkd, nbdkit's
-# python plugin and fio's engine keep librbd's default (on, writethrough until
-# the first flush).  CEPH_ARGS=--rbd_cache=false makes them all alike.
+# Caches, as each server ships: qemu-nbd runs with its default cache mode,
+# writeback, for which qemu's rbd driver keeps librbd's cache on; blkd,
+# nbdkit's python plugin and fio's engine keep librbd's default (on,
+# writethrough until the first flush).  So after the flush above all of
+# them acknowledge writes as librbd's write-back cache does.
+# QEMU_CACHE=none gives qemu-nbd --cache=none (librbd's cache off:
+# rbd_cache=false), as runs before 2026-12-02 05:00 UTC had it;
+# CEPH_ARGS=--rbd_cache=false turns it off for all of them.
 #
 # Images are created with only layering,exclusive-lock: with fast-diff (and the
 # object map), qemu's rbd driver asks rbd_diff_iterate2 on every read, which is
@@ -86,6 +91,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 CLIENT=${CLIENT:-fio}
 FLUSH_FIRST=${FLUSH_FIRST:-1}
+QEMU_CACHE=${QEMU_CACHE:-writeback}
 case $CLIENT in fio|blkperf) ;; *) echo "bench/rbd.sh: CLIENT must be fio or blkperf" >&2; exit 1 ;; esac
 [ "$CLIENT" = fio ] || [ -x "$TOP/blkperf" ] || { echo "bench/rbd.sh: build blkperf first" >&2; exit 1; }
 for b in fio qemu-nbd nbdkit rbd ceph-mon ceph-osd; do
@@ -151,9 +157,9 @@ has blkd-ab && start blkd-ab "${AB_BLKD:-$BLKD}" -f -i 127.0.0.1 -p @PORT@ $AB_O
   image=img-blkd-ab $AB
 has blkd-noaio && start blkd-noaio "$BLKD" -f -i 127.0.0.1 -p @PORT@ "$SO" conf="$CEPH_CONF" \
   image=img-blkd-noaio aio=false
-# qemu-nbd: --shared=8 lets the 4-connection runs in; cache=none: no qemu cache above librbd's.
+# qemu-nbd: --shared=8 lets the 4-connection runs in.
 has qemu-nbd && start qemu-nbd qemu-nbd --persistent -b 127.0.0.1 -p @PORT@ -f raw --shared=8 \
-  --cache=none --aio=threads "rbd:rbd/img-qemu-nbd:conf=$CEPH_CONF"
+  --cache="$QEMU_CACHE" --aio=threads "rbd:rbd/img-qemu-nbd:conf=$CEPH_CONF"
 has nbdkit-py && start nbdkit-py nbdkit -f -i 127.0.0.1 -p @PORT@ python "$TOP/bench/nbdkit-rbd.py" \
   conf="$CEPH_CONF" image=img-nbdkit-py
 
