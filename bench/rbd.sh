@@ -46,8 +46,8 @@
 # librbd's cache mode: with rbd_cache_writethrough_until_flush (librbd's
 # default) an image's cache writes through until its client's first flush
 # and is write-back (Ceph 16: writearound) after it.  fio's rbd engine
-# leaves librbd in write-back mode (its rate is the same with
-# rbd_cache_writethrough_until_flush=false and halves with
+# leaves librbd in write-back mode (its rate is within a tenth of that with
+# rbd_cache_writethrough_until_flush=false and more than halves with
 # rbd_cache_policy=writethrough), and a real NBD client (the kernel, qemu)
 # flushes; fio's nbd engine and blkperf send no flush in a write run, which
 # would leave the NBD servers' librbd writing through alone.  So before
@@ -198,7 +198,8 @@ fio_args() {
 
 # blkperf_run SERVER RW BS QD JOBS: the same load from blkperf (JOBS
 # connections), its counts written as fio's JSON would have them, so the
-# rest of run() reads one format.
+# rest of run() reads one format.  One iteration (no -i): blkperf's JSON
+# sums counts over iterations but gives elapsed_s per iteration.
 blkperf_run() {
   local s=$1 rw=$2 bs=$3 qd=$4 jobs=$5 t
   case $rw in
