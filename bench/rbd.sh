@@ -102,9 +102,10 @@ fio --enghelp 2>/dev/null | grep -qx '[[:space:]]*rbd' || { echo "fio has no rbd
 
 W=$(mktemp -d /tmp/blkd-bench-rbd.XXXXXX)
 PIDS=()
+HOLDER=                               # the flush's connection (run), while it is open
 finish() {
   local p
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}" $HOLDER; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   "$TOP/tests/rbd/cluster.sh" stop "$W/ceph" || true
   rm -rf "$W"
@@ -241,16 +242,16 @@ run() {
   # The flush's connection stays open through the run: blkd closes an
   # image when its last connection goes, and a reopened image writes
   # through again until its next flush.
-  local holder= i
+  local i
   if [ "$s" != librbd ] && [ "$FLUSH_FIRST" = 1 ]; then
     rm -f "$W/flushed"
     $PY -c 'import nbd, sys, time
 h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.flush(); open(sys.argv[2], "w").close()
 time.sleep(3600)' "nbd://127.0.0.1:${PORT[$s]}/" "$W/flushed" &
-    holder=$!
+    HOLDER=$!
     for ((i = 0; i < 600; i++)); do
       [ -e "$W/flushed" ] && break
-      kill -0 "$holder" 2>/dev/null || break
+      kill -0 "$HOLDER" 2>/dev/null || break
       sleep 0.1
     done
     [ -e "$W/flushed" ] || { echo "bench/rbd.sh: the flush before $s $wl failed" >&2; exit 1; }
@@ -268,7 +269,7 @@ time.sleep(3600)' "nbd://127.0.0.1:${PORT[$s]}/" "$W/flushed" &
       || { cat "$W/fio.err" >&2; echo "bench/rbd.sh: fio failed ($s $wl)" >&2; exit 1; }
   fi
   b1=$(busy_ticks)
-  if [ -n "$holder" ]; then kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null || true; fi
+  if [ -n "$HOLDER" ]; then kill "$HOLDER" 2>/dev/null; wait "$HOLDER" 2>/dev/null || true; HOLDER=; fi
   ccpu=$(awk '{ print $1 + $2 }' "$W/time.out")
   if [ -n "$pid" ]; then
     t1=$(cpu_ticks "$pid")
