@@ -81,16 +81,18 @@ static bool rbdp_use_aio = true;      /* aio=false: blkd waits on workers */
 static struct { const char *key, *value; } rbdp_ceph_opts[RBDP_MAX_CEPH_OPTS];
 static unsigned rbdp_n_ceph_opts;
 
-/* The aio path's share of librados' op throttle (objecter_inflight_ops,
- * objecter_inflight_op_bytes), used only when the user set
- * rbd_non_blocking_aio=false: librbd then submits on the calling thread,
- * which is blkd's event loop, and librados makes a submitter wait once the
- * throttle is full (an OSD away, many clients).  Past these caps a request
- * goes to blkd's workers instead (ENOTSUP).  A best effort only: the
- * throttle is shared with the workers, librbd's cache and readahead, so
- * the loop can still wait (rbdp_apply_ceph_opts). */
+/* How much of librados' op throttle (objecter_inflight_ops,
+ * objecter_inflight_op_bytes) the plugin's requests may hold before the
+ * aio path declines, used while the user set rbd_non_blocking_aio=false:
+ * librbd then submits on the calling thread, which is
+ * blkd's event loop, and librados makes a submitter wait once the
+ * throttle is full (an OSD away, many clients).  Past these caps, counted
+ * over the aio path's requests and the workers' (rbdp_count), a request
+ * goes to blkd's workers instead (ENOTSUP).  A best effort only: what
+ * librbd holds after answering (its cache's writes in flight, readahead)
+ * shares the throttle, so the loop can still wait (rbdp_apply_ceph_opts). */
 static uint64_t rbdp_cap_ops, rbdp_cap_bytes;
-static atomic_uint_fast64_t rbdp_aio_ops, rbdp_aio_bytes;
+static atomic_uint_fast64_t rbdp_held_ops, rbdp_held_bytes;   /* rbdp_count */
 static bool rbdp_aio_inline;           /* rbd_non_blocking_aio is off */
 
 static rados_t rbdp_cluster;
@@ -269,23 +271,33 @@ rbdp_get_is (const char *opt, const char *want)
          strcmp (buf, want) == 0;
 }
 
-/* The user's Ceph options (plugin parameters), applied after the plugin's
- * own settings (rbdp_after_fork) so that they win: client_mount_timeout=60
- * beats connect-timeout's default, rados_osd_op_timeout= beats timeout=.
- *
- * rbd_non_blocking_aio stays at librbd's default (true): librbd's own
+/* rbd_non_blocking_aio stays at librbd's default (true): librbd's own
  * io_context_pool thread maps each aio call to object ops and does any
  * waiting that takes, in particular in librados' op throttle, so blkd's
  * event loop never waits in librbd for the cluster.  A user may set it to
- * false (one thread wake-up less per request); librbd then runs that
- * dispatch on the calling thread, blkd's event loop, and the loop CAN
- * wait: librados' throttle (objecter_inflight_ops, _op_bytes) is one per
- * cluster handle, shared with the workers' synchronous calls, librbd's
- * cache flusher and readahead, and a submitter waits while it is full
- * (an OSD away, many clients).  The caps below (half of each limit,
- * counted from the values known before connecting) only make that less
- * likely: they do not see the monitors' config database or `rbd config`
- * pool/image settings, and the op/byte estimate undercounts. */
+ * false, with librados_thread_count=1 (docs/RBD.md: less CPU per request
+ * in every workload measured); librbd then runs that dispatch on the
+ * calling thread, blkd's event loop, and the loop CAN wait: librados'
+ * throttle (objecter_inflight_ops, _op_bytes) is one per cluster handle,
+ * and a submitter waits while it is full (an OSD away, many clients).
+ * The caps below (half of each limit, counted over the plugin's own
+ * requests: rbdp_count) keep the workers' requests from filling it under
+ * the loop, but not what librbd holds after it answered: with the cache's
+ * default writearound policy, writes acknowledged at once while their
+ * object ops are still in flight, up to rbd_cache_max_dirty per image,
+ * many times the throttle's 1024 ops in 4 KiB writes.  Nor do they see
+ * the monitors' config database or `rbd config` pool/image settings. */
+/* The user's Ceph options (plugin parameters), applied after the plugin's
+ * own settings (rbdp_after_fork) so that they win: client_mount_timeout=60
+ * beats connect-timeout's default, rados_osd_op_timeout= beats timeout=.
+ * (rados_conf_set sets them above the monitors' config database too.) */
+/* Half of a throttle limit, at least 1; 0 turns librados' throttle off. */
+static uint64_t
+rbdp_half_limit (uint64_t limit)
+{
+  return limit ? (limit / 2 ?: 1) : UINT64_MAX;
+}
+
 static int
 rbdp_apply_ceph_opts (void)
 {
@@ -295,9 +307,8 @@ rbdp_apply_ceph_opts (void)
     if (rbdp_set (rbdp_ceph_opts[i].key, rbdp_ceph_opts[i].value) == -1)
       return -1;
   rbdp_aio_inline = rbdp_get_is ("rbd_non_blocking_aio", "false");
-  /* 0 turns librados' throttle off. */
-  rbdp_cap_ops = rbdp_get_u64 ("objecter_inflight_ops") / 2 ?: UINT64_MAX;
-  rbdp_cap_bytes = rbdp_get_u64 ("objecter_inflight_op_bytes") / 2 ?: UINT64_MAX;
+  rbdp_cap_ops = rbdp_half_limit (rbdp_get_u64 ("objecter_inflight_ops"));
+  rbdp_cap_bytes = rbdp_half_limit (rbdp_get_u64 ("objecter_inflight_op_bytes"));
   return 0;
 }
 
@@ -390,11 +401,12 @@ rbdp_after_fork (void)
   rbdp_closer_running = true;
   rbdp_connected = true;
   nbdkit_debug ("rbd: connected to cluster '%s' as %s, pool '%s'%s%s; "
-                "rbd_non_blocking_aio=%s, aio path caps %" PRIu64 " ops, %"
-                PRIu64 " bytes", rbdp_cluster_name, user, rbdp_pool,
+                "rbd_non_blocking_aio=%s, librados_thread_count=%" PRIu64 ", aio path caps %"
+                PRIu64 " ops, %" PRIu64 " bytes", rbdp_cluster_name, user, rbdp_pool,
                 rbdp_namespace ? " namespace " : "",
                 rbdp_namespace ? rbdp_namespace : "",
-                rbdp_aio_inline ? "false" : "true", rbdp_cap_ops, rbdp_cap_bytes);
+                rbdp_aio_inline ? "false" : "true", rbdp_get_u64 ("librados_thread_count"),
+                rbdp_cap_ops, rbdp_cap_bytes);
   return 0;
 
 fail:
@@ -743,8 +755,53 @@ struct rbdp_req {
   uint64_t offset;
   uint32_t flags;
   bool then_flush;                    /* FUA: a flush follows the write */
+  uint64_t ops, bytes;                /* its share of rbdp_held_ops/_bytes */
   void (*done) (struct rbdp_req *, int err);
 };
+
+/* While the calling thread submits (rbd_non_blocking_aio=false), every
+ * request of the plugin's counts in rbdp_held_ops/_bytes: its object ops
+ * (one per object its range touches, a flush one, FUA's flush one more)
+ * and payload bytes.  A synchronous request always counts (capped=false:
+ * its thread may wait in the throttle); an aio request only while the
+ * total stays within the caps (false: no room, the caller declines).  So
+ * the workers' requests, which may fill the throttle while an OSD is
+ * away, keep the event loop from submitting into it. */
+static bool
+rbdp_count (struct rbdp_req *req, bool capped)
+{
+  uint64_t os = req->img->obj_size, ops = 1, bytes = 0;
+
+  req->ops = req->bytes = 0;
+  if (!rbdp_aio_inline)
+    return true;                      /* librbd's own thread waits, not ours */
+  if (req->count)
+    ops = (req->offset + req->count - 1) / os - req->offset / os + 1;
+  if (req->flags & NBDKIT_FLAG_FUA)
+    ops++;
+  if (req->op == RBDP_READ || req->op == RBDP_WRITE)
+    bytes = req->count;
+  if (atomic_fetch_add (&rbdp_held_ops, ops) + ops > rbdp_cap_ops && capped) {
+    atomic_fetch_sub (&rbdp_held_ops, ops);
+    return false;
+  }
+  if (atomic_fetch_add (&rbdp_held_bytes, bytes) + bytes > rbdp_cap_bytes && capped) {
+    atomic_fetch_sub (&rbdp_held_bytes, bytes);
+    atomic_fetch_sub (&rbdp_held_ops, ops);
+    return false;
+  }
+  req->ops = ops;
+  req->bytes = bytes;
+  return true;
+}
+
+static void
+rbdp_uncount (struct rbdp_req *req)
+{
+  atomic_fetch_sub (&rbdp_held_ops, req->ops);
+  atomic_fetch_sub (&rbdp_held_bytes, req->bytes);
+  req->ops = req->bytes = 0;
+}
 
 static void rbdp_req_cb (rbd_completion_t c, void *arg);
 
@@ -887,11 +944,13 @@ rbdp_sync (void *handle, enum rbdp_op op, void *buf, uint32_t count,
     .cond = PTHREAD_COND_INITIALIZER,
   };
 
+  rbdp_count (&s.req, false);
   rbdp_req_start (&s.req);
   pthread_mutex_lock (&s.lock);
   while (!s.finished)
     pthread_cond_wait (&s.cond, &s.lock);
   pthread_mutex_unlock (&s.lock);
+  rbdp_uncount (&s.req);
   /* The signal is the completion's last touch of s: it is safe to go. */
   pthread_cond_destroy (&s.cond);
   pthread_mutex_destroy (&s.lock);
@@ -950,40 +1009,7 @@ rbdp_zero (void *handle, uint32_t count, uint64_t offset, uint32_t flags)
 struct rbdp_aio {
   struct rbdp_req req;
   struct blkd_aio *done;
-  uint64_t ops, bytes;                /* its share of rbdp_aio_ops/_bytes */
 };
-
-/* Take room under the caps for req; false when there is none.  Its
- * object ops: one per object its range touches (a flush counts one),
- * and one more for FUA's flush. */
-static bool
-rbdp_aio_reserve (struct rbdp_aio *a)
-{
-  const struct rbdp_req *req = &a->req;
-  uint64_t os = req->img->obj_size, ops = 1, bytes = 0;
-
-  a->ops = a->bytes = 0;
-  if (!rbdp_aio_inline)
-    return true;                      /* librbd's own thread waits, not ours */
-  if (req->count)
-    ops = (req->offset + req->count - 1) / os - req->offset / os + 1;
-  if (req->flags & NBDKIT_FLAG_FUA)
-    ops++;
-  if (req->op == RBDP_READ || req->op == RBDP_WRITE)
-    bytes = req->count;
-  if (atomic_fetch_add (&rbdp_aio_ops, ops) + ops > rbdp_cap_ops) {
-    atomic_fetch_sub (&rbdp_aio_ops, ops);
-    return false;
-  }
-  if (atomic_fetch_add (&rbdp_aio_bytes, bytes) + bytes > rbdp_cap_bytes) {
-    atomic_fetch_sub (&rbdp_aio_bytes, bytes);
-    atomic_fetch_sub (&rbdp_aio_ops, ops);
-    return false;
-  }
-  a->ops = ops;
-  a->bytes = bytes;
-  return true;
-}
 
 static void
 rbdp_aio_done (struct rbdp_req *req, int err)
@@ -995,8 +1021,7 @@ rbdp_aio_done (struct rbdp_req *req, int err)
     nbdkit_error ("rbd: %s of %" PRIu32 " bytes at %" PRIu64 " in '%s': %s",
                   rbdp_op_name (req->op), req->count, req->offset,
                   req->img->name, strerror (err));
-  atomic_fetch_sub (&rbdp_aio_ops, a->ops);
-  atomic_fetch_sub (&rbdp_aio_bytes, a->bytes);
+  rbdp_uncount (req);
   free (a);
   done->complete (done, err ? rbdp_nbd_errno (err) : 0);
 }
@@ -1021,7 +1046,7 @@ rbdp_aio_start (void *handle, enum rbdp_op op, void *buf, uint32_t count,
                                .offset = offset, .flags = flags,
                                .done = rbdp_aio_done };
   a->done = done;
-  if (!rbdp_aio_reserve (a)) {
+  if (!rbdp_count (&a->req, true)) {
     free (a);
     errno = ENOTSUP;                  /* a worker may wait for room; we may not */
     return -1;

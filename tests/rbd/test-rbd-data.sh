@@ -113,4 +113,29 @@ serve image=img2 snap=s1
   || fail "the write after the snapshot did not reach the image"
 if nbdpy "$URI" 'h.pwrite(b"x", 0)' 2>"$TMP/ro.err"; then fail "a write to a snapshot succeeded"; fi
 grep -qiE 'read-only|EPERM|EROFS' "$TMP/ro.err" || fail "a refused write said: $(cat "$TMP/ro.err")"
+
+# Ceph's defaults for the two options the recommended setting changes,
+# parameters over them, and the data through that setting (the debug line
+# says what the cluster handle got).
+if [ "$PLUGIN_HOST" = blkd ] && [ -z "${RBD_EXTRA:-}" ]; then
+  settings_are() {
+    local i
+    for i in $(seq 100); do
+      grep -q "$1" "$TMP/server.log" && return 0
+      sleep 0.1
+    done
+    fail "the server did not report '$1': $(grep -o 'rbd_non_blocking_aio=[^ ]* librados_thread_count=[^,]*' "$TMP/server.log" | tail -1)"
+  }
+  stop_server
+  : >"$TMP/server.log"
+  start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2
+  settings_are "rbd_non_blocking_aio=true, librados_thread_count=2,"
+  stop_server
+  : >"$TMP/server.log"
+  start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2 \
+    rbd_non_blocking_aio=false librados_thread_count=1
+  settings_are "rbd_non_blocking_aio=false, librados_thread_count=1,"
+  [ "$(sum_nbd "$URI")" = "$(rbd_ export img2 - 2>/dev/null | md5sum | cut -d' ' -f1)" ] \
+    || fail "with the loop dispatching and one librbd thread the image reads differently"
+fi
 echo "ok ($PLUGIN_HOST ${RBD_EXTRA:-})"
