@@ -271,6 +271,13 @@ rbdp_get_is (const char *opt, const char *want)
          strcmp (buf, want) == 0;
 }
 
+/* Half of a throttle limit, at least 1; 0 turns librados' throttle off. */
+static uint64_t
+rbdp_half_limit (uint64_t limit)
+{
+  return limit ? (limit / 2 ?: 1) : UINT64_MAX;
+}
+
 /* rbd_non_blocking_aio stays at librbd's default (true): librbd's own
  * io_context_pool thread maps each aio call to object ops and does any
  * waiting that takes, in particular in librados' op throttle, so blkd's
@@ -286,18 +293,12 @@ rbdp_get_is (const char *opt, const char *want)
  * default writearound policy, writes acknowledged at once while their
  * object ops are still in flight, up to rbd_cache_max_dirty per image,
  * many times the throttle's 1024 ops in 4 KiB writes.  Nor do they see
- * the monitors' config database or `rbd config` pool/image settings. */
-/* The user's Ceph options (plugin parameters), applied after the plugin's
+ * the monitors' config database or `rbd config` pool/image settings.
+ *
+ * The user's Ceph options (plugin parameters), applied after the plugin's
  * own settings (rbdp_after_fork) so that they win: client_mount_timeout=60
  * beats connect-timeout's default, rados_osd_op_timeout= beats timeout=.
  * (rados_conf_set sets them above the monitors' config database too.) */
-/* Half of a throttle limit, at least 1; 0 turns librados' throttle off. */
-static uint64_t
-rbdp_half_limit (uint64_t limit)
-{
-  return limit ? (limit / 2 ?: 1) : UINT64_MAX;
-}
-
 static int
 rbdp_apply_ceph_opts (void)
 {
@@ -777,8 +778,8 @@ rbdp_count (struct rbdp_req *req, bool capped)
     return true;                      /* librbd's own thread waits, not ours */
   if (req->count)
     ops = (req->offset + req->count - 1) / os - req->offset / os + 1;
-  if (req->flags & NBDKIT_FLAG_FUA)
-    ops++;
+  if ((req->flags & NBDKIT_FLAG_FUA) && req->op != RBDP_READ && req->op != RBDP_FLUSH)
+    ops++;                            /* the flush that follows */
   if (req->op == RBDP_READ || req->op == RBDP_WRITE)
     bytes = req->count;
   if (atomic_fetch_add (&rbdp_held_ops, ops) + ops > rbdp_cap_ops && capped) {

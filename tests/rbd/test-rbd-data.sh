@@ -114,7 +114,7 @@ serve image=img2 snap=s1
 if nbdpy "$URI" 'h.pwrite(b"x", 0)' 2>"$TMP/ro.err"; then fail "a write to a snapshot succeeded"; fi
 grep -qiE 'read-only|EPERM|EROFS' "$TMP/ro.err" || fail "a refused write said: $(cat "$TMP/ro.err")"
 
-# Ceph's defaults for the two options the recommended setting changes,
+# Ceph's defaults for the two options the opt-in setting changes (docs/RBD.md),
 # parameters over them, and the data through that setting (the debug line
 # says what the cluster handle got).
 if [ "$PLUGIN_HOST" = blkd ] && [ -z "${RBD_EXTRA:-}" ]; then
