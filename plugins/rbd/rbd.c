@@ -94,6 +94,11 @@ static unsigned rbdp_n_ceph_opts;
 static uint64_t rbdp_cap_ops, rbdp_cap_bytes;
 static atomic_uint_fast64_t rbdp_held_ops, rbdp_held_bytes;   /* rbdp_count */
 static bool rbdp_aio_inline;           /* rbd_non_blocking_aio is off */
+/* Ceph 16's defaults for librados' op throttle, which the plugin takes
+ * over while the loop dispatches (rbdp_apply_ceph_opts). */
+#define RBDP_CEPH_INFLIGHT_OPS 1024
+#define RBDP_CEPH_INFLIGHT_BYTES (100 << 20)
+static bool rbdp_own_throttle;         /* librados' is off; the caps are it */
 
 static rados_t rbdp_cluster;
 static rados_ioctx_t rbdp_io;
@@ -292,8 +297,17 @@ rbdp_half_limit (uint64_t limit)
  * the loop, but not what librbd holds after it answered: with the cache's
  * default writearound policy, writes acknowledged at once while their
  * object ops are still in flight, up to rbd_cache_max_dirty per image,
- * many times the throttle's 1024 ops in 4 KiB writes.  Nor do they see
- * the monitors' config database or `rbd config` pool/image settings.
+ * many times the throttle's 1024 ops in 4 KiB writes: an OSD away under
+ * a writing client fills the throttle, and the loop's next submission
+ * waits there, with every connection of its shard (no handshake, no
+ * drain: tests/rbd/test-rbd-loop-dispatch-osd.sh).  So while the loop
+ * dispatches and the throttle has Ceph's default limits, the plugin
+ * turns librados' throttle off and its own count takes the limits over:
+ * an aio request starts only within them, the workers' requests count
+ * and wait on nothing, and the cache's writes in flight are bounded by
+ * rbd_cache_max_dirty per image.  A throttle the user configured stays,
+ * with the caps at half of it.  The caps do not see the monitors'
+ * config database or `rbd config` pool/image settings.
  *
  * The user's Ceph options (plugin parameters), applied after the plugin's
  * own settings (rbdp_after_fork) so that they win: client_mount_timeout=60
@@ -308,8 +322,20 @@ rbdp_apply_ceph_opts (void)
     if (rbdp_set (rbdp_ceph_opts[i].key, rbdp_ceph_opts[i].value) == -1)
       return -1;
   rbdp_aio_inline = rbdp_get_is ("rbd_non_blocking_aio", "false");
-  rbdp_cap_ops = rbdp_half_limit (rbdp_get_u64 ("objecter_inflight_ops"));
-  rbdp_cap_bytes = rbdp_half_limit (rbdp_get_u64 ("objecter_inflight_op_bytes"));
+  uint64_t ops = rbdp_get_u64 ("objecter_inflight_ops");
+  uint64_t bytes = rbdp_get_u64 ("objecter_inflight_op_bytes");
+  if (rbdp_aio_inline && ops == RBDP_CEPH_INFLIGHT_OPS && bytes == RBDP_CEPH_INFLIGHT_BYTES) {
+    if (rbdp_set ("objecter_inflight_ops", "0") == -1
+        || rbdp_set ("objecter_inflight_op_bytes", "0") == -1)
+      return -1;
+    rbdp_own_throttle = true;
+    rbdp_cap_ops = ops;
+    rbdp_cap_bytes = bytes;
+  }
+  else {
+    rbdp_cap_ops = rbdp_half_limit (ops);
+    rbdp_cap_bytes = rbdp_half_limit (bytes);
+  }
   return 0;
 }
 
@@ -403,11 +429,13 @@ rbdp_after_fork (void)
   rbdp_connected = true;
   nbdkit_debug ("rbd: connected to cluster '%s' as %s, pool '%s'%s%s; "
                 "rbd_non_blocking_aio=%s, librados_thread_count=%" PRIu64 ", aio path caps %"
-                PRIu64 " ops, %" PRIu64 " bytes", rbdp_cluster_name, user, rbdp_pool,
+                PRIu64 " ops, %" PRIu64 " bytes (%s)", rbdp_cluster_name, user, rbdp_pool,
                 rbdp_namespace ? " namespace " : "",
                 rbdp_namespace ? rbdp_namespace : "",
                 rbdp_aio_inline ? "false" : "true", rbdp_get_u64 ("librados_thread_count"),
-                rbdp_cap_ops, rbdp_cap_bytes);
+                rbdp_cap_ops, rbdp_cap_bytes,
+                rbdp_own_throttle ? "librados' throttle off: the plugin's count is it"
+                : "librados' throttle on");
   return 0;
 
 fail:
