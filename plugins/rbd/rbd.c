@@ -94,11 +94,7 @@ static unsigned rbdp_n_ceph_opts;
 static uint64_t rbdp_cap_ops, rbdp_cap_bytes;
 static atomic_uint_fast64_t rbdp_held_ops, rbdp_held_bytes;   /* rbdp_count */
 static bool rbdp_aio_inline;           /* rbd_non_blocking_aio is off */
-/* Ceph 16's defaults for librados' op throttle, which the plugin takes
- * over while the loop dispatches (rbdp_apply_ceph_opts). */
-#define RBDP_CEPH_INFLIGHT_OPS 1024
-#define RBDP_CEPH_INFLIGHT_BYTES (100 << 20)
-static bool rbdp_own_throttle;         /* librados' is off; the caps are it */
+static bool rbdp_own_throttle;         /* librados' throttle is off; the caps are it */
 
 static rados_t rbdp_cluster;
 static rados_ioctx_t rbdp_io;
@@ -301,18 +297,29 @@ rbdp_half_limit (uint64_t limit)
  * a writing client fills the throttle, and the loop's next submission
  * waits there, with every connection of its shard (no handshake, no
  * drain: tests/rbd/test-rbd-loop-dispatch-osd.sh).  So while the loop
- * dispatches and the throttle has Ceph's default limits, the plugin
- * turns librados' throttle off and its own count takes the limits over:
- * an aio request starts only within them, the workers' requests count
- * and wait on nothing, and the cache's writes in flight are bounded by
- * rbd_cache_max_dirty per image.  A throttle the user configured stays,
- * with the caps at half of it.  The caps do not see the monitors'
- * config database or `rbd config` pool/image settings.
+ * dispatches, the plugin turns librados' throttle off and its own count
+ * takes the throttle's limits over (ceph.conf's or CEPH_ARGS', else
+ * Ceph's): an aio request starts only within them, the workers' requests
+ * count, and the cache's writes in flight are bounded by
+ * rbd_cache_max_dirty per image.  Only limits given as plugin parameters
+ * keep librados' throttle, with the caps at half of them (and the loop
+ * can wait in it).  Limits from the monitors' config database, which
+ * rados_connect reads later, are not seen (the plugin's 0 wins over
+ * them), nor are `rbd config` pool/image settings.
  *
  * The user's Ceph options (plugin parameters), applied after the plugin's
  * own settings (rbdp_after_fork) so that they win: client_mount_timeout=60
  * beats connect-timeout's default, rados_osd_op_timeout= beats timeout=.
  * (rados_conf_set sets them above the monitors' config database too.) */
+static bool
+rbdp_ceph_opt_given (const char *key)
+{
+  for (unsigned i = 0; i < rbdp_n_ceph_opts; i++)
+    if (strcmp (rbdp_ceph_opts[i].key, key) == 0)
+      return true;
+  return false;
+}
+
 static int
 rbdp_apply_ceph_opts (void)
 {
@@ -324,13 +331,14 @@ rbdp_apply_ceph_opts (void)
   rbdp_aio_inline = rbdp_get_is ("rbd_non_blocking_aio", "false");
   uint64_t ops = rbdp_get_u64 ("objecter_inflight_ops");
   uint64_t bytes = rbdp_get_u64 ("objecter_inflight_op_bytes");
-  if (rbdp_aio_inline && ops == RBDP_CEPH_INFLIGHT_OPS && bytes == RBDP_CEPH_INFLIGHT_BYTES) {
+  if (rbdp_aio_inline && !rbdp_ceph_opt_given ("objecter_inflight_ops")
+      && !rbdp_ceph_opt_given ("objecter_inflight_op_bytes")) {
     if (rbdp_set ("objecter_inflight_ops", "0") == -1
         || rbdp_set ("objecter_inflight_op_bytes", "0") == -1)
       return -1;
     rbdp_own_throttle = true;
-    rbdp_cap_ops = ops;
-    rbdp_cap_bytes = bytes;
+    rbdp_cap_ops = ops ? ops : UINT64_MAX;      /* 0: no limit, as librados' */
+    rbdp_cap_bytes = bytes ? bytes : UINT64_MAX;
   }
   else {
     rbdp_cap_ops = rbdp_half_limit (ops);
@@ -434,8 +442,8 @@ rbdp_after_fork (void)
                 rbdp_namespace ? rbdp_namespace : "",
                 rbdp_aio_inline ? "false" : "true", rbdp_get_u64 ("librados_thread_count"),
                 rbdp_cap_ops, rbdp_cap_bytes,
-                rbdp_own_throttle ? "librados' throttle off: the plugin's count is it"
-                : "librados' throttle on");
+                rbdp_own_throttle ? "librados' throttle off, the plugin's count in its place"
+                : rbdp_aio_inline ? "librados' throttle as given" : "librados' throttle");
   return 0;
 
 fail:
