@@ -88,9 +88,10 @@ static unsigned rbdp_n_ceph_opts;
  * blkd's event loop, and librados makes a submitter wait once the
  * throttle is full (an OSD away, many clients).  Past these caps, counted
  * over the aio path's requests and the workers' (rbdp_count), a request
- * goes to blkd's workers instead (ENOTSUP).  A best effort only: what
- * librbd holds after answering (its cache's writes in flight, readahead)
- * shares the throttle, so the loop can still wait (rbdp_apply_ceph_opts). */
+ * goes to blkd's workers instead (ENOTSUP).  Usually librados' throttle
+ * is then off and these are it; with limits given as parameters it stays,
+ * and what librbd holds after answering (its cache's writes in flight)
+ * can still fill it under the loop (rbdp_apply_ceph_opts). */
 static uint64_t rbdp_cap_ops, rbdp_cap_bytes;
 static atomic_uint_fast64_t rbdp_held_ops, rbdp_held_bytes;   /* rbdp_count */
 static bool rbdp_aio_inline;           /* rbd_non_blocking_aio is off */
@@ -279,38 +280,7 @@ rbdp_half_limit (uint64_t limit)
   return limit ? (limit / 2 ?: 1) : UINT64_MAX;
 }
 
-/* rbd_non_blocking_aio stays at librbd's default (true): librbd's own
- * io_context_pool thread maps each aio call to object ops and does any
- * waiting that takes, in particular in librados' op throttle, so blkd's
- * event loop never waits in librbd for the cluster.  A user may set it to
- * false, with librados_thread_count=1 (docs/RBD.md: less CPU per request
- * in every workload measured); librbd then runs that dispatch on the
- * calling thread, blkd's event loop, and the loop CAN wait: librados'
- * throttle (objecter_inflight_ops, _op_bytes) is one per cluster handle,
- * and a submitter waits while it is full (an OSD away, many clients).
- * The caps below (half of each limit, counted over the plugin's own
- * requests: rbdp_count) keep the workers' requests from filling it under
- * the loop, but not what librbd holds after it answered: with the cache's
- * default writearound policy, writes acknowledged at once while their
- * object ops are still in flight, up to rbd_cache_max_dirty per image,
- * many times the throttle's 1024 ops in 4 KiB writes: an OSD away under
- * a writing client fills the throttle, and the loop's next submission
- * waits there, with every connection of its shard (no handshake, no
- * drain: tests/rbd/test-rbd-loop-dispatch-osd.sh).  So while the loop
- * dispatches, the plugin turns librados' throttle off and its own count
- * takes the throttle's limits over (ceph.conf's or CEPH_ARGS', else
- * Ceph's): an aio request starts only within them, the workers' requests
- * count, and the cache's writes in flight are bounded by
- * rbd_cache_max_dirty per image.  Only limits given as plugin parameters
- * keep librados' throttle, with the caps at half of them (and the loop
- * can wait in it).  Limits from the monitors' config database, which
- * rados_connect reads later, are not seen (the plugin's 0 wins over
- * them), nor are `rbd config` pool/image settings.
- *
- * The user's Ceph options (plugin parameters), applied after the plugin's
- * own settings (rbdp_after_fork) so that they win: client_mount_timeout=60
- * beats connect-timeout's default, rados_osd_op_timeout= beats timeout=.
- * (rados_conf_set sets them above the monitors' config database too.) */
+/* Was key given as a plugin parameter (not from ceph.conf or CEPH_ARGS)? */
 static bool
 rbdp_ceph_opt_given (const char *key)
 {
@@ -320,6 +290,34 @@ rbdp_ceph_opt_given (const char *key)
   return false;
 }
 
+/* rbd_non_blocking_aio stays at librbd's default (true): librbd's own
+ * io_context_pool thread maps each aio call to object ops and does any
+ * waiting that takes, in particular in librados' op throttle, so blkd's
+ * event loop never waits in librbd for the cluster.  A user may set it to
+ * false, with librados_thread_count=1 (docs/RBD.md: less CPU per request
+ * in every workload measured); librbd then runs that dispatch on the
+ * calling thread, blkd's event loop, and the loop CAN wait: librados'
+ * throttle (objecter_inflight_ops, _op_bytes) is one per cluster handle,
+ * and a submitter waits while it is full.  The cache's default
+ * writearound policy acknowledges writes whose object ops are still in
+ * flight, up to rbd_cache_max_dirty per image, many times the throttle's
+ * 1024 ops in 4 KiB writes, so an OSD away under a writing client fills
+ * it and the loop's next submission waits there, with every connection
+ * of its shard (tests/rbd/test-rbd-loop-dispatch-osd.sh).  So while the
+ * loop dispatches, the plugin turns librados' throttle off and its own
+ * count (rbdp_count) takes the throttle's limits over (ceph.conf's or
+ * CEPH_ARGS', else Ceph's): an aio request starts only within them, the
+ * workers' requests count, and the cache's writes in flight are bounded
+ * by rbd_cache_max_dirty per image.  Only limits given as plugin
+ * parameters keep librados' throttle, with the caps at half of them (and
+ * the loop can wait in it again).  Limits from the monitors' config
+ * database, which rados_connect reads later, are not seen (the plugin's
+ * 0 wins over them), nor are `rbd config` pool/image settings.
+ *
+ * The user's Ceph options (plugin parameters), applied after the plugin's
+ * own settings (rbdp_after_fork) so that they win: client_mount_timeout=60
+ * beats connect-timeout's default, rados_osd_op_timeout= beats timeout=.
+ * (rados_conf_set sets them above the monitors' config database too.) */
 static int
 rbdp_apply_ceph_opts (void)
 {

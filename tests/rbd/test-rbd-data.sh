@@ -134,7 +134,7 @@ if [ "$PLUGIN_HOST" = blkd ] && [ -z "${RBD_EXTRA:-}" ]; then
   : >"$TMP/server.log"
   start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2 \
     rbd_non_blocking_aio=false librados_thread_count=1
-  settings_are "rbd_non_blocking_aio=false, librados_thread_count=1,"
+  settings_are "rbd_non_blocking_aio=false, librados_thread_count=1, aio path caps 1024 ops, 104857600 bytes (librados' throttle off"
   [ "$(sum_nbd "$URI")" = "$(rbd_ export img2 - 2>/dev/null | md5sum | cut -d' ' -f1)" ] \
     || fail "with the loop dispatching and one librbd thread the image reads differently"
 fi
