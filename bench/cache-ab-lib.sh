@@ -6,7 +6,7 @@
 #
 # Each of $ROUNDS rounds starts fresh A and B servers (same plugin, options
 # differing only in the switch under test) and runs one `blkperf compare`
-# of $ITER iterations of $LEN seconds each, alternating A B A B; odd rounds
+# of $ITER iterations of $LEN seconds each, alternating A B, B A; odd rounds
 # give B first so order effects cancel.  Per round it keeps each side's
 # IOPS, server CPU per request (blkd's own counters via -M) and delay
 # accounting per request, and charts round 1 (--plot, into $OUT/NAME.svg,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make bench: each seed's before/after experiment against blkd's switches,
-# measured with blkperf compare (A B A B ..., medians and spread per round,
+# measured with blkperf compare (A B, B A, ..., medians and spread per round,
 # see bench/cache-ab-lib.sh).  Writes one markdown file per seed into the
 # directory given (default build/bench) for docs/BENCHMARKS.md.
 #   ROUNDS=3 ITER=6 LEN=3 SEEDS="000 002 004 001" bench/seeds.sh [OUTDIR]

@@ -104,10 +104,17 @@ main (int argc, char **argv)
     unsigned pairs = 0;
     while (!bp_interrupted && !bp_compare_done (&o, ra, rb, pairs)) {
       /* Same iteration number on both sides: the same seeds and so the
-       * same offsets; alternating spreads slow drift over A and B alike. */
-      if (bp_run_iteration (&o, ra, pairs, "A") == -1
+       * same offsets.  The order turns every pair (A B, B A, A B, ...):
+       * alternating spreads slow drift over A and B alike, and turning
+       * keeps either side from always going first or always landing on
+       * the same event loop of a server that hands connections out
+       * round robin (with A B A B, A's connections are always the even
+       * ones, so a slow loop or CPU would look like a slow A). */
+      bool b_first = pairs % 2 == 1;
+      struct bp_result *first = b_first ? rb : ra, *second = b_first ? ra : rb;
+      if (bp_run_iteration (&o, first, pairs, b_first ? "B" : "A") == -1
           || bp_interrupted
-          || bp_run_iteration (&o, rb, pairs, "B") == -1) {
+          || bp_run_iteration (&o, second, pairs, b_first ? "A" : "B") == -1) {
         status = 1;
         break;
       }

@@ -602,7 +602,7 @@ bp_report_compare (FILE *f, const struct bp_opts *o, const struct bp_result *a,
     return;
   }
 
-  fprintf (f, "NBD %s COMPARE, %u iterations each, alternating A B A B ...\n",
+  fprintf (f, "NBD %s COMPARE, %u iterations each, alternating A B, B A, ...\n",
            bp_test_name (o->test), a->n < b->n ? a->n : b->n);
   bp_banner (f, o, &a->tgt, "A (before)");
   bp_banner (f, o, &b->tgt, "B (after) ");

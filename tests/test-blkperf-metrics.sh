@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # blkperf -M: remote CPU and blkd delay accounting read from a /metrics
 # endpoint (canned ones from a tiny Python server, blkd's own when it has
-# one), n/a when absent, and scrapes that follow compare's A B A B order.
+# one), n/a when absent, and scrapes that follow compare's A B, B A order.
 . "$(dirname "$0")/lib.sh"
 [ -x "$BLKPERF" ] || skip "blkperf is not built (make blkperf)"
 PY=/usr/bin/python3
@@ -116,14 +116,14 @@ jcheck "$TMP/404.json" 'r is None' '"404" in d["metrics_error"]'
 rc=0; "$BLKPERF" -M ftp://x/metrics "$NBD" 2>"$TMP/err" || rc=$?
 [ $rc -eq 2 ] && grep -q "expected http://" "$TMP/err" || fail "-M ftp:// accepted"
 
-# --- compare scrapes A's and B's endpoints in A B A B order ------------------
+# --- compare scrapes A's and B's endpoints in A B, B A, A B order -----------
 rm -f "$TMP/scrapes.log"
 start_metrics blkd A; MA=$MURL
 start_metrics blkd B; MB=$MURL
 "$BLKPERF" compare -t RR -n 500 -i 3,3 -M "$MA" -M "$MB" --json "$NBD" "$NBD" >"$TMP/cmp.json" \
   || fail "compare -M exited $?"
 order=$(tr -d '\n' <"$TMP/scrapes.log")
-[ "$order" = AABBAABBAABB ] || fail "scrape order $order, expected AABBAABBAABB"
+[ "$order" = AABBBBAAAABB ] || fail "scrape order $order, expected AABBBBAAAABB"
 "$PY" - "$TMP/cmp.json" <<'EOF' || fail "compare remote CPU"
 import json, sys
 d = json.load(open(sys.argv[1]))
