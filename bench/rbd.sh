@@ -13,7 +13,10 @@
 #
 # Workloads (fio; NBD servers through fio's nbd engine): 4k random read and write
 # at QD32 on 1 connection and on 4 (4 jobs x QD32), 64 KiB and 1 MiB sequential
-# read and write at QD8.  Runs alternate: every round runs each workload once on
+# read and write at QD8.  Not run by default: randread-img8 and randwrite-img8,
+# 4k at QD16 on 8 connections, each to an image of its own (IMG8_SIZE, default
+# 64M), for blkd's servers only (one blkd serves many images; the others would
+# need a process per image): what many open images cost, fio only.  Runs alternate: every round runs each workload once on
 # every server, so a drift in the machine's load hits all of them alike.
 #
 # Per run: IOPS, MiB/s, and the server's CPU (utime+stime of all its threads,
@@ -25,7 +28,7 @@
 # messenger (msgr-worker-N), librbd's io_context_pool (its op and completion
 # threads) and the rest (timers, ms_dispatch, log...).
 #
-# A knob's A/B: AB="rbd_non_blocking_aio=false" adds a server blkd-ab, blkd
+# A knob's A/B: AB="dispatch=caller" adds a server blkd-ab, blkd
 # with those plugin parameters added (any Ceph option works as one), and
 # AB_OPTS="--poll-us 0" adds blkd options to it; it runs in every round
 # beside blkd, on an image of its own.  AB_BLKD=DIR/blkd runs another build
@@ -131,10 +134,18 @@ if [ -n "$AB$AB_OPTS$AB_BLKD" ]; then
   SERVERS=$s2
 fi
 has() { case " $SERVERS " in *" $1 "*) return 0 ;; esac; return 1; }
+fill_image() {
+  timeout 60 rbd create --size "$2" --image-feature layering,exclusive-lock "$1"
+  timeout 600 rbd bench --io-type write --io-size 4M --io-pattern seq --io-total "$2" "$1" >/dev/null
+}
+IMG8_SIZE=${IMG8_SIZE:-64M}
+case " $WORKLOADS " in *-img8" "*) IMG8=1 ;; *) IMG8=0 ;; esac
+[ "$IMG8" = 0 ] || [ "$CLIENT" = fio ] || { echo "bench/rbd.sh: the -img8 workloads run with fio only" >&2; exit 1; }
 for s in $SERVERS; do
-  timeout 60 rbd create --size "$SIZE" --image-feature layering,exclusive-lock "img-$s"
-  timeout 600 rbd bench --io-type write --io-size 4M --io-pattern seq --io-total "$SIZE" \
-    "img-$s" >/dev/null
+  fill_image "img-$s" "$SIZE"
+  case $s in
+    blkd*) if [ "$IMG8" = 1 ]; then for k in 0 1 2 3 4 5 6 7; do fill_image "img-$s-$k" "$IMG8_SIZE"; done; fi ;;
+  esac
 done
 
 # start NAME CMD...: a server on a port of its own; NAME's port and pid.
@@ -193,6 +204,7 @@ fio_args() {
     randwrite-1) echo "randwrite 4k 32 1" ;; randwrite-4) echo "randwrite 4k 32 4" ;;
     read64k) echo "read 64k 8 1" ;;  write64k) echo "write 64k 8 1" ;;
     read1m) echo "read 1m 8 1" ;;    write1m) echo "write 1m 8 1" ;;
+    randread-img8) echo "randread 4k 16 8" ;; randwrite-img8) echo "randwrite 4k 16 8" ;;
     *) echo "unknown workload $1" >&2; exit 1 ;;
   esac
 }
@@ -230,13 +242,23 @@ EOF
 # (/proc/stat), which says whether the OSD, server and client together
 # filled the machine.
 run() {
-  local s=$1 wl=$2 rw bs qd jobs eng t0 t1 pid cpu ccpu b0 b1
+  local s=$1 wl=$2 rw bs qd jobs eng t0 t1 pid cpu ccpu b0 b1 size=$SIZE k
+  local uris=("nbd://127.0.0.1:${PORT[$s]:-}/")
   read -r rw bs qd jobs <<<"$(fio_args "$wl")"
+  case $wl in
+    *-img8)
+      case $s in blkd*) ;; *) return 0 ;; esac
+      uris=(); for k in 0 1 2 3 4 5 6 7; do uris+=("nbd://127.0.0.1:${PORT[$s]}/img-$s-$k"); done
+      size=$IMG8_SIZE ;;
+  esac
   if [ "$s" = librbd ]; then
     [ "$jobs" = 4 ] && { qd=$((qd * 4)); jobs=1; }
-    eng=(--ioengine=rbd --clientname=admin --pool=rbd --rbdname=img-librbd)
-  else
-    eng=(--ioengine=nbd --uri="nbd://127.0.0.1:${PORT[$s]}/")
+    eng=(--name="$s-$wl" --ioengine=rbd --clientname=admin --pool=rbd --rbdname=img-librbd --numjobs="$jobs")
+  elif [ ${#uris[@]} = 1 ]; then
+    eng=(--name="$s-$wl" --ioengine=nbd --uri="${uris[0]}" --numjobs="$jobs")
+  else                                # a job per image, each with its own connection
+    eng=(--ioengine=nbd)
+    for k in "${!uris[@]}"; do eng+=(--name="$s-$wl-$k" --uri="${uris[$k]}"); done
   fi
   pid=${SPID[$s]:-}
   # The flush's connection stays open through the run: blkd closes an
@@ -246,8 +268,11 @@ run() {
   if [ "$s" != librbd ] && [ "$FLUSH_FIRST" = 1 ]; then
     rm -f "$W/flushed"
     $PY -c 'import nbd, sys, time
-h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.flush(); open(sys.argv[2], "w").close()
-time.sleep(3600)' "nbd://127.0.0.1:${PORT[$s]}/" "$W/flushed" &
+hs = []
+for u in sys.argv[2:]:
+    h = nbd.NBD(); h.connect_uri(u); h.flush(); hs.append(h)
+open(sys.argv[1], "w").close()
+time.sleep(3600)' "$W/flushed" "${uris[@]}" &
     HOLDER=$!
     for ((i = 0; i < 600; i++)); do
       [ -e "$W/flushed" ] && break
@@ -263,9 +288,9 @@ time.sleep(3600)' "nbd://127.0.0.1:${PORT[$s]}/" "$W/flushed" &
     blkperf_run "$s" "$rw" "$bs" "$qd" "$jobs"
   else
     /usr/bin/time -f "%U %S" -o "$W/time.out" \
-      fio --name="$s-$wl" "${eng[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$jobs" \
-        --size="$SIZE" --time_based --runtime="$SECS" --ramp_time=1 --group_reporting \
-        --output-format=json --output="$W/fio.json" >/dev/null 2>"$W/fio.err" \
+      fio --rw="$rw" --bs="$bs" --iodepth="$qd" \
+        --size="$size" --time_based --runtime="$SECS" --ramp_time=1 --group_reporting \
+        --output-format=json --output="$W/fio.json" "${eng[@]}" >/dev/null 2>"$W/fio.err" \
       || { cat "$W/fio.err" >&2; echo "bench/rbd.sh: fio failed ($s $wl)" >&2; exit 1; }
   fi
   b1=$(busy_ticks)

@@ -17,9 +17,12 @@
  * so as many requests are in flight as the server has threads).  Under
  * blkd the same requests can be started without a waiting thread and
  * completed from librbd's completion thread (include/blkd-plugin.h).
- * librbd's own thread dispatches each aio call (rbd_non_blocking_aio at
- * librbd's default, see rbdp_apply_ceph_opts), so the loop does not wait
- * in librbd for the cluster.
+ * Who maps a request to object ops (librbd's "dispatch") is the
+ * dispatch= parameter: librbd's own thread (librbd, the default and
+ * Ceph's), so the loop does not wait in librbd for the cluster, or the
+ * calling thread (caller: blkd's event loop, or a worker thread), cheaper
+ * for reads; see rbdp_apply_ceph_opts for what keeps the loop from
+ * waiting then.
  *
  * FUA is the write followed by a flush of the image, chained in the
  * completion: librbd's cache (rbd cache = true by default) may hold a
@@ -73,6 +76,7 @@ static const char *rbdp_cluster_name = "ceph";
 static unsigned rbdp_timeout;          /* 0: as long as the cluster waits */
 static unsigned rbdp_connect_timeout = 20;
 static bool rbdp_use_aio = true;      /* aio=false: blkd waits on workers */
+static bool rbdp_dispatch_caller;      /* dispatch=caller, or librbd (default) */
 
 /* Ceph options given as plugin parameters (rbd_cache=false, ...): applied
  * with rados_conf_set after the configuration file and CEPH_ARGS, so they
@@ -83,7 +87,7 @@ static unsigned rbdp_n_ceph_opts;
 
 /* How much of librados' op throttle (objecter_inflight_ops,
  * objecter_inflight_op_bytes) the plugin's requests may hold before the
- * aio path declines, used while the user set rbd_non_blocking_aio=false:
+ * aio path declines, used with dispatch=caller:
  * librbd then submits on the calling thread, which is
  * blkd's event loop, and librados makes a submitter wait once the
  * throttle is full (an OSD away, many clients).  Past these caps, counted
@@ -94,7 +98,7 @@ static unsigned rbdp_n_ceph_opts;
  * can still fill it under the loop (rbdp_apply_ceph_opts). */
 static uint64_t rbdp_cap_ops, rbdp_cap_bytes;
 static atomic_uint_fast64_t rbdp_held_ops, rbdp_held_bytes;   /* rbdp_count */
-static bool rbdp_aio_inline;           /* rbd_non_blocking_aio is off */
+static bool rbdp_aio_inline;           /* dispatch=caller: the caller submits */
 static bool rbdp_own_throttle;         /* librados' throttle is off; the caps are it */
 
 static rados_t rbdp_cluster;
@@ -112,6 +116,9 @@ struct rbdp_img {
   uint64_t size;
   uint64_t obj_size;                  /* bytes per RADOS object */
   bool object_map;                    /* block status from rbd_diff_iterate2 */
+  bool aio_declined;                  /* the image's own rbd config makes the
+                                       * caller dispatch under librados'
+                                       * throttle: its requests go to workers */
 };
 
 static pthread_mutex_t rbdp_imgs_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -176,6 +183,21 @@ rbdp_config (const char *key, const char *value)
       return -1;
     rbdp_use_aio = b;
     return 0;
+  }
+  else if (strcmp (key, "dispatch") == 0) {
+    if (strcmp (value, "caller") != 0 && strcmp (value, "librbd") != 0) {
+      nbdkit_error ("rbd: dispatch=%s: expected caller or librbd", value);
+      return -1;
+    }
+    rbdp_dispatch_caller = strcmp (value, "caller") == 0;
+    return 0;
+  }
+  else if (strcmp (key, "rbd_non_blocking_aio") == 0) {
+    /* The plugin sets it from dispatch= and sizes its throttle by it;
+     * a second way to say the same thing could only disagree. */
+    nbdkit_error ("rbd: rbd_non_blocking_aio=%s: say dispatch=caller (false) or "
+                  "dispatch=librbd (true) instead", value);
+    return -1;
   }
   else if (strchr (key, '_')) {
     /* A Ceph option (the plugin's own keys have no underscore); whether
@@ -264,15 +286,6 @@ rbdp_get_u64 (const char *opt)
   return strtoull (buf, NULL, 10);
 }
 
-static bool
-rbdp_get_is (const char *opt, const char *want)
-{
-  char buf[32];
-
-  return rados_conf_get (rbdp_cluster, opt, buf, sizeof buf) == 0 &&
-         strcmp (buf, want) == 0;
-}
-
 /* Half of a throttle limit, at least 1; 0 turns librados' throttle off. */
 static uint64_t
 rbdp_half_limit (uint64_t limit)
@@ -290,29 +303,40 @@ rbdp_ceph_opt_given (const char *key)
   return false;
 }
 
-/* rbd_non_blocking_aio stays at librbd's default (true): librbd's own
- * io_context_pool thread maps each aio call to object ops and does any
- * waiting that takes, in particular in librados' op throttle, so blkd's
- * event loop never waits in librbd for the cluster.  A user may set it to
- * false, with librados_thread_count=1 (docs/RBD.md: less CPU per request
- * in every workload measured); librbd then runs that dispatch on the
- * calling thread, blkd's event loop, and the loop CAN wait: librados'
- * throttle (objecter_inflight_ops, _op_bytes) is one per cluster handle,
- * and a submitter waits while it is full.  The cache's default
- * writearound policy acknowledges writes whose object ops are still in
- * flight, up to rbd_cache_max_dirty per image, many times the throttle's
- * 1024 ops in 4 KiB writes, so an OSD away under a writing client fills
- * it and the loop's next submission waits there, with every connection
- * of its shard (tests/rbd/test-rbd-loop-dispatch-osd.sh).  So while the
- * loop dispatches, the plugin turns librados' throttle off and its own
- * count (rbdp_count) takes the throttle's limits over (ceph.conf's or
- * CEPH_ARGS', else Ceph's): an aio request starts only within them, the
- * workers' requests count, and the cache's writes in flight are bounded
- * by rbd_cache_max_dirty per image.  Only limits given as plugin
- * parameters keep librados' throttle, with the caps at half of them (and
- * the loop can wait in it again).  Limits from the monitors' config
- * database, which rados_connect reads later, are not seen (the plugin's
- * 0 wins over them), nor are `rbd config` pool/image settings.
+/* Who dispatches: librbd maps each aio call to object ops either on its
+ * own io_context_pool thread (rbd_non_blocking_aio=true, Ceph's default
+ * and the plugin's: dispatch=librbd) or on the calling thread (false:
+ * dispatch=caller).  With the caller dispatching and librados_thread_count
+ * at 1, the one librbd thread left only runs completions: 4 KiB reads
+ * take less CPU per request, but 4 KiB writes at depth take more
+ * (docs/RBD.md), so it is a choice, not the default.  The plugin sets
+ * both from dispatch=, over ceph.conf and CEPH_ARGS;
+ * librados_thread_count given as a parameter wins, and
+ * rbd_non_blocking_aio as a parameter is refused (rbdp_config).
+ *
+ * What the caller then risks: under blkd the caller is the event loop,
+ * and librados makes a submitter wait while its op throttle
+ * (objecter_inflight_ops, _op_bytes: one per cluster handle) is full.
+ * librbd's cache, writearound by default, acknowledges writes whose
+ * object ops are still in flight, up to rbd_cache_max_dirty per image,
+ * many times the throttle's 1024 ops in 4 KiB writes, so an OSD away
+ * under a writing client fills it and the loop's next submission would
+ * wait there, with every connection of its shard
+ * (tests/rbd/test-rbd-loop-dispatch-osd.sh).  Nor only while an OSD is
+ * away: under a client writing 4 KiB at depth, acknowledged early, the
+ * throttle's limit changed the CPU per request (docs/RBD.md), so the
+ * limit was reached there, with the loop as the submitter that waits.
+ * So with dispatch=caller the
+ * plugin turns librados' throttle off and its own count (rbdp_count)
+ * takes the throttle's limits over (ceph.conf's or CEPH_ARGS', else
+ * Ceph's): an aio request starts only within them, the workers' requests
+ * count, and the cache's writes in flight are bounded by
+ * rbd_cache_max_dirty per image.  Only limits given as plugin parameters
+ * keep librados' throttle, with the caps at half of them (and the loop
+ * can wait in it again).  Limits from the monitors' config database,
+ * which rados_connect reads later, are not seen (the plugin's 0 wins over
+ * them).  An image's own `rbd config` (pool or image) can still turn its
+ * dispatch around; rbdp_img_check_config looks after it opens.
  *
  * The user's Ceph options (plugin parameters), applied after the plugin's
  * own settings (rbdp_after_fork) so that they win: client_mount_timeout=60
@@ -323,10 +347,14 @@ rbdp_apply_ceph_opts (void)
 {
   unsigned i;
 
+  if (rbdp_set ("rbd_non_blocking_aio", rbdp_dispatch_caller ? "false" : "true") == -1)
+    return -1;
+  if (rbdp_dispatch_caller && rbdp_set ("librados_thread_count", "1") == -1)
+    return -1;
   for (i = 0; i < rbdp_n_ceph_opts; i++)
     if (rbdp_set (rbdp_ceph_opts[i].key, rbdp_ceph_opts[i].value) == -1)
       return -1;
-  rbdp_aio_inline = rbdp_get_is ("rbd_non_blocking_aio", "false");
+  rbdp_aio_inline = rbdp_dispatch_caller;
   uint64_t ops = rbdp_get_u64 ("objecter_inflight_ops");
   uint64_t bytes = rbdp_get_u64 ("objecter_inflight_op_bytes");
   if (rbdp_aio_inline && !rbdp_ceph_opt_given ("objecter_inflight_ops")
@@ -434,11 +462,11 @@ rbdp_after_fork (void)
   rbdp_closer_running = true;
   rbdp_connected = true;
   nbdkit_debug ("rbd: connected to cluster '%s' as %s, pool '%s'%s%s; "
-                "rbd_non_blocking_aio=%s, librados_thread_count=%" PRIu64 ", aio path caps %"
+                "dispatch=%s, librados_thread_count=%" PRIu64 ", aio path caps %"
                 PRIu64 " ops, %" PRIu64 " bytes (%s)", rbdp_cluster_name, user, rbdp_pool,
                 rbdp_namespace ? " namespace " : "",
                 rbdp_namespace ? rbdp_namespace : "",
-                rbdp_aio_inline ? "false" : "true", rbdp_get_u64 ("librados_thread_count"),
+                rbdp_aio_inline ? "caller" : "librbd", rbdp_get_u64 ("librados_thread_count"),
                 rbdp_cap_ops, rbdp_cap_bytes,
                 rbdp_own_throttle ? "librados' throttle off, the plugin's count in its place"
                 : rbdp_aio_inline ? "librados' throttle as given" : "librados' throttle");
@@ -464,6 +492,77 @@ rbdp_img_free (struct rbdp_img *im)
     rbd_close (im->image);
   free (im->name);
   free (im);
+}
+
+static const char *
+rbdp_config_source (rbd_config_source_t src)
+{
+  switch (src) {
+  case RBD_CONFIG_SOURCE_POOL: return "the pool's rbd config";
+  case RBD_CONFIG_SOURCE_IMAGE: return "the image's rbd config";
+  default: return "the client's configuration";
+  }
+}
+
+/* The image's own settings, which `rbd config pool|image set` can give
+ * and which librbd applies over the cluster handle's at open: whether it
+ * dispatches on the caller, and its cache's bound on writes acknowledged
+ * but in flight.  An image that dispatches on the caller while librados'
+ * throttle counts alone (dispatch=librbd) could hold the event loop in
+ * that throttle, so its requests go to blkd's workers.  The other way
+ * round (dispatch=caller, the image says librbd) is only slower: the
+ * plugin's count still bounds it.  Read once, at open: a setting changed
+ * while the image is served takes effect in librbd at its next refresh
+ * without the plugin seeing it.  A failed read keeps dispatch='s choice. */
+static void
+rbdp_img_check_config (struct rbdp_img *im)
+{
+  rbd_config_option_t *opts = NULL;
+  int n = 0, r;
+  const char *nba = NULL, *cache = "?", *policy = "?", *dirty = "?";
+  rbd_config_source_t nba_src = RBD_CONFIG_SOURCE_CONFIG;
+
+  r = rbd_config_image_list (im->image, NULL, &n);
+  if (r == -ERANGE && n > 0 && (opts = calloc (n, sizeof *opts)) != NULL)
+    r = rbd_config_image_list (im->image, opts, &n);
+  else if (r == -ERANGE)
+    r = -ENOMEM;
+  if (r < 0) {
+    nbdkit_debug ("rbd: image '%s': reading its rbd config: %s; dispatch=%s stands",
+                  im->name, strerror (-r), rbdp_aio_inline ? "caller" : "librbd");
+    free (opts);
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    if (strcmp (opts[i].name, "rbd_non_blocking_aio") == 0) {
+      nba = opts[i].value;
+      nba_src = opts[i].source;
+    }
+    else if (strcmp (opts[i].name, "rbd_cache") == 0)
+      cache = opts[i].value;
+    else if (strcmp (opts[i].name, "rbd_cache_policy") == 0)
+      policy = opts[i].value;
+    else if (strcmp (opts[i].name, "rbd_cache_max_dirty") == 0)
+      dirty = opts[i].value;
+  }
+  bool caller = nba && strcmp (nba, "false") == 0;
+  if (nba && caller != rbdp_aio_inline) {
+    if (caller && !rbdp_aio_inline) {
+      im->aio_declined = true;
+      nbdkit_debug ("rbd: image '%s': rbd_non_blocking_aio=false from %s makes the "
+                    "caller dispatch while librados' throttle counts alone: its "
+                    "requests go to blkd's workers (dispatch=caller would not need to)",
+                    im->name, rbdp_config_source (nba_src));
+    }
+    else
+      nbdkit_debug ("rbd: image '%s': rbd_non_blocking_aio=true from %s: librbd's "
+                    "thread dispatches this image", im->name, rbdp_config_source (nba_src));
+  }
+  nbdkit_debug ("rbd: image '%s': rbd_cache=%s, rbd_cache_policy=%s, "
+                "rbd_cache_max_dirty=%s (writes acknowledged before the OSDs have them, "
+                "at most)", im->name, cache, policy, dirty);
+  rbd_config_image_list_cleanup (opts, n);
+  free (opts);
 }
 
 /* Open im->name (read-only when im->readonly or at a snapshot), with
@@ -524,6 +623,7 @@ rbdp_img_open (struct rbdp_img *im)
                 "0x%" PRIx64 "%s", name, rbdp_snap ? "@" : "",
                 rbdp_snap ? rbdp_snap : "", im->size, features,
                 readonly ? ", read-only" : "");
+  rbdp_img_check_config (im);
   return 0;
 
 fail:
@@ -1068,7 +1168,7 @@ rbdp_aio_start (void *handle, enum rbdp_op op, void *buf, uint32_t count,
   struct rbdp_handle *h = handle;
   struct rbdp_aio *a;
 
-  if (!rbdp_use_aio) {
+  if (!rbdp_use_aio || h->img->aio_declined) {
     errno = ENOTSUP;
     return -1;
   }
@@ -1255,7 +1355,8 @@ static struct nbdkit_plugin plugin = {
     "timeout=<SECS>      Fail a request after SECS (default 0: wait).\n"
     "connect-timeout=<SECS> Bound on connecting at start-up (default 20).\n"
     "aio=false           Under blkd: no aio calls (compare with the thread path).\n"
-    "<ceph_option>=<VAL> Any Ceph option (rbd_cache=false, rbd_non_blocking_aio=false...).",
+    "dispatch=librbd|caller Who maps requests to object ops (default librbd).\n"
+    "<ceph_option>=<VAL> Any Ceph option (rbd_cache=false, rbd_cache_policy=...).",
   .magic_config_key  = "image",
   .get_ready         = rbdp_get_ready,
   .after_fork        = rbdp_after_fork,

@@ -114,28 +114,44 @@ serve image=img2 snap=s1
 if nbdpy "$URI" 'h.pwrite(b"x", 0)' 2>"$TMP/ro.err"; then fail "a write to a snapshot succeeded"; fi
 grep -qiE 'read-only|EPERM|EROFS' "$TMP/ro.err" || fail "a refused write said: $(cat "$TMP/ro.err")"
 
-# Ceph's defaults for the two options the opt-in setting changes (docs/RBD.md),
-# parameters over them, and the data through that setting (the debug line
-# says what the cluster handle got).
+# What the cluster handle gets (the debug line says): Ceph's defaults with
+# dispatch=librbd, the default; with dispatch=caller one librbd thread and
+# librados' throttle off, the plugin's count in its place; a parameter over
+# the plugin's choice.  Then an image whose own rbd config makes the caller
+# dispatch while librados' throttle counts alone (the default): its
+# requests go to blkd's workers, with the same bytes.
 if [ "$PLUGIN_HOST" = blkd ] && [ -z "${RBD_EXTRA:-}" ]; then
-  settings_are() {
+  logged() {
     local i
     for i in $(seq 100); do
       grep -q "$1" "$TMP/server.log" && return 0
       sleep 0.1
     done
-    fail "the server did not report '$1': $(grep -o 'rbd_non_blocking_aio=[^ ]* librados_thread_count=[^,]*' "$TMP/server.log" | tail -1)"
+    fail "the server did not report '$1': $(grep -o 'dispatch=[^ ]* librados_thread_count=[^,]*' "$TMP/server.log" | tail -1)"
   }
+  img2_now=$(rbd_ export img2 - 2>/dev/null | md5sum | cut -d' ' -f1)
   stop_server
   : >"$TMP/server.log"
   start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2
-  settings_are "rbd_non_blocking_aio=true, librados_thread_count=2,"
+  logged "dispatch=librbd, librados_thread_count=2, aio path caps 512 ops, 52428800 bytes (librados' throttle)"
   stop_server
   : >"$TMP/server.log"
-  start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2 \
-    rbd_non_blocking_aio=false librados_thread_count=1
-  settings_are "rbd_non_blocking_aio=false, librados_thread_count=1, aio path caps 1024 ops, 104857600 bytes (librados' throttle off"
-  [ "$(sum_nbd "$URI")" = "$(rbd_ export img2 - 2>/dev/null | md5sum | cut -d' ' -f1)" ] \
-    || fail "with the loop dispatching and one librbd thread the image reads differently"
+  start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2 dispatch=caller
+  logged "dispatch=caller, librados_thread_count=1, aio path caps 1024 ops, 104857600 bytes (librados' throttle off"
+  stop_server
+  : >"$TMP/server.log"
+  start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2 dispatch=caller librados_thread_count=3
+  logged "dispatch=caller, librados_thread_count=3,"
+  stop_server
+  rbd_ config image set img2 rbd_non_blocking_aio false
+  : >"$TMP/server.log"
+  start_server blkd -v --metrics 127.0.0.1:0 "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2
+  before=$(aio_count)
+  [ "$(sum_nbd "$URI")" = "$img2_now" ] || fail "an image the workers serve reads differently"
+  logged "image 'img2': rbd_non_blocking_aio=false from the image's rbd config makes the caller dispatch"
+  [ "$(aio_count)" = "$before" ] || fail "$(( $(aio_count) - before )) requests to that image took the aio path"
+  echo "an image whose rbd config says the caller dispatches, under the default: aio requests $before -> $(aio_count), reads and writes $(request_count)"
+  stop_server
+  rbd_ config image rm img2 rbd_non_blocking_aio
 fi
 echo "ok ($PLUGIN_HOST ${RBD_EXTRA:-})"

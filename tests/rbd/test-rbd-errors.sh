@@ -25,6 +25,9 @@ start_fails 'conf=.*No such file' conf="$TMP/none.conf" image=img1
 start_fails "pool 'nopool'.*no such pool" conf="$CEPH_CONF" id=blkd pool=nopool
 start_fails "unknown parameter 'colour'" conf="$CEPH_CONF" colour=blue
 start_fails "rbd_colour=blue.*not a Ceph option" conf="$CEPH_CONF" id=blkd rbd_colour=blue image=img1
+start_fails "dispatch=loop: expected caller or librbd" conf="$CEPH_CONF" id=blkd dispatch=loop image=img1
+start_fails "rbd_non_blocking_aio=false: say dispatch=caller" conf="$CEPH_CONF" id=blkd \
+  rbd_non_blocking_aio=false image=img1
 
 # A missing image or snapshot is refused at connect, with the reason in
 # the server's log, and the server goes on serving what exists.
