@@ -7,6 +7,7 @@
 #                                   WORKLOADS="randread-1 randread-4 randwrite-1 ..."
 #                                   SERVERS="blkd blkd-noaio qemu-nbd nbdkit-py librbd"
 #                                   AB="PARAM=VALUE ..." AB_OPTS="--blkd-option ..."
+#                                   BLKD_PARAMS="PARAM=VALUE ..."
 #                                   AB_BLKD=/path/to/other/blkd
 #                                   CLIENT=fio|blkperf FLUSH_FIRST=1
 #                                   QEMU_CACHE=writeback|none)
@@ -14,9 +15,10 @@
 # Workloads (fio; NBD servers through fio's nbd engine): 4k random read and write
 # at QD32 on 1 connection and on 4 (4 jobs x QD32), 64 KiB and 1 MiB sequential
 # read and write at QD8.  Not run by default: randread-img8 and randwrite-img8,
-# 4k at QD16 on 8 connections, each to an image of its own (IMG8_SIZE, default
-# 64M), for blkd's servers only (one blkd serves many images; the others would
-# need a process per image): what many open images cost, fio only.  Runs alternate: every round runs each workload once on
+# 4k at QD16 on 8 connections, each to an image of its own (IMG8_SIZE,
+# default 64M), for blkd's servers only (one blkd serves many images; the
+# others would need a process per image): what many open images cost, fio
+# only.  Runs alternate: every round runs each workload once on
 # every server, so a drift in the machine's load hits all of them alike.
 #
 # Per run: IOPS, MiB/s, and the server's CPU (utime+stime of all its threads,
@@ -34,6 +36,9 @@
 # beside blkd, on an image of its own.  AB_BLKD=DIR/blkd runs another build
 # as blkd-ab (with the rbd plugin from DIR/plugins/rbd/, where blkd looks for
 # its plugins): two commits side by side, AB and AB_OPTS still apply to it.
+# BLKD_PARAMS="dispatch=caller" adds plugin parameters to every blkd server
+# (blkd, blkd-ab, blkd-noaio), so an A/B can be made between two settings
+# that both differ from the plugin's defaults.
 # blkd runs twice: with its aio path (the default) and with aio=false (the
 # plugin's synchronous calls on blkd's workers), so the extension's share is
 # measured, not assumed.
@@ -116,8 +121,6 @@ finish() {
 trap finish EXIT
 
 echo "uptime before: $(uptime)" | tee "$OUT/rbd.uptime"
-RBD_CLUSTER_BYTES=$((3 << 30)) "$TOP/tests/rbd/cluster.sh" start "$W/ceph"
-export CEPH_CONF=$W/ceph/ceph.conf
 
 SERVERS=${SERVERS:-"blkd blkd-noaio qemu-nbd nbdkit-py librbd"}
 AB=${AB:-}
@@ -134,13 +137,27 @@ if [ -n "$AB$AB_OPTS$AB_BLKD" ]; then
   SERVERS=$s2
 fi
 has() { case " $SERVERS " in *" $1 "*) return 0 ;; esac; return 1; }
+IMG8_SIZE=${IMG8_SIZE:-64M}
+case " $WORKLOADS " in *-img8" "*) IMG8=1 ;; *) IMG8=0 ;; esac
+[ "$IMG8" = 0 ] || [ "$CLIENT" = fio ] || { echo "bench/rbd.sh: the -img8 workloads run with fio only" >&2; exit 1; }
+
+# MemStore keeps every image, written in full, in memory and hangs writes once its
+# device is full: twice what the images take, at least 3 GiB.
+need=0
+for s in $SERVERS; do
+  need=$((need + $(numfmt --from=iec "$SIZE")))
+  if [ "$IMG8" = 1 ]; then
+    case $s in blkd*) need=$((need + 8 * $(numfmt --from=iec "$IMG8_SIZE"))) ;; esac
+  fi
+done
+cluster_bytes=$((2 * need > (3 << 30) ? 2 * need : (3 << 30)))
+RBD_CLUSTER_BYTES=$cluster_bytes "$TOP/tests/rbd/cluster.sh" start "$W/ceph"
+export CEPH_CONF=$W/ceph/ceph.conf
+
 fill_image() {
   timeout 60 rbd create --size "$2" --image-feature layering,exclusive-lock "$1"
   timeout 600 rbd bench --io-type write --io-size 4M --io-pattern seq --io-total "$2" "$1" >/dev/null
 }
-IMG8_SIZE=${IMG8_SIZE:-64M}
-case " $WORKLOADS " in *-img8" "*) IMG8=1 ;; *) IMG8=0 ;; esac
-[ "$IMG8" = 0 ] || [ "$CLIENT" = fio ] || { echo "bench/rbd.sh: the -img8 workloads run with fio only" >&2; exit 1; }
 for s in $SERVERS; do
   fill_image "img-$s" "$SIZE"
   case $s in
@@ -163,12 +180,16 @@ start() {
   done
   cat "$W/$name.log" >&2; echo "bench/rbd.sh: $name did not start" >&2; exit 1
 }
-has blkd && start blkd "$BLKD" -f -i 127.0.0.1 -p @PORT@ "$SO" conf="$CEPH_CONF" image=img-blkd
-# shellcheck disable=SC2086 # AB and AB_OPTS are word lists
+BLKD_PARAMS=${BLKD_PARAMS:-}
+# shellcheck disable=SC2086 # AB, AB_OPTS and BLKD_PARAMS are word lists
+has blkd && start blkd "$BLKD" -f -i 127.0.0.1 -p @PORT@ "$SO" conf="$CEPH_CONF" image=img-blkd \
+  $BLKD_PARAMS
+# shellcheck disable=SC2086
 has blkd-ab && start blkd-ab "${AB_BLKD:-$BLKD}" -f -i 127.0.0.1 -p @PORT@ $AB_OPTS "$AB_SO" conf="$CEPH_CONF" \
-  image=img-blkd-ab $AB
+  image=img-blkd-ab $BLKD_PARAMS $AB
+# shellcheck disable=SC2086
 has blkd-noaio && start blkd-noaio "$BLKD" -f -i 127.0.0.1 -p @PORT@ "$SO" conf="$CEPH_CONF" \
-  image=img-blkd-noaio aio=false
+  image=img-blkd-noaio $BLKD_PARAMS aio=false
 # qemu-nbd: --shared=8 lets the 4-connection runs in.
 has qemu-nbd && start qemu-nbd qemu-nbd --persistent -b 127.0.0.1 -p @PORT@ -f raw --shared=8 \
   --cache="$QEMU_CACHE" --aio=threads "rbd:rbd/img-qemu-nbd:conf=$CEPH_CONF"

@@ -60,6 +60,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
@@ -138,6 +139,21 @@ struct rbdp_handle {
 
 /* ---- configuration --------------------------------------------------- */
 
+/* Ceph's option names read '-' and ' ' as '_' (rbd-cache is rbd_cache):
+ * are a and b the same option? */
+static bool
+rbdp_ceph_key_is (const char *a, const char *b)
+{
+  for (;; a++, b++) {
+    char x = *a == '-' || *a == ' ' ? '_' : *a;
+    char y = *b == '-' || *b == ' ' ? '_' : *b;
+    if (x != y)
+      return false;
+    if (x == '\0')
+      return true;
+  }
+}
+
 static int
 rbdp_parse_seconds (const char *key, const char *value, unsigned *out)
 {
@@ -192,7 +208,7 @@ rbdp_config (const char *key, const char *value)
     rbdp_dispatch_caller = strcmp (value, "caller") == 0;
     return 0;
   }
-  else if (strcmp (key, "rbd_non_blocking_aio") == 0) {
+  else if (rbdp_ceph_key_is (key, "rbd_non_blocking_aio")) {
     /* The plugin sets it from dispatch= and sizes its throttle by it;
      * a second way to say the same thing could only disagree. */
     nbdkit_error ("rbd: rbd_non_blocking_aio=%s: say dispatch=caller (false) or "
@@ -298,7 +314,7 @@ static bool
 rbdp_ceph_opt_given (const char *key)
 {
   for (unsigned i = 0; i < rbdp_n_ceph_opts; i++)
-    if (strcmp (rbdp_ceph_opts[i].key, key) == 0)
+    if (rbdp_ceph_key_is (rbdp_ceph_opts[i].key, key))
       return true;
   return false;
 }
@@ -310,7 +326,8 @@ rbdp_ceph_opt_given (const char *key)
  * at 1, the one librbd thread left only runs completions: 4 KiB reads
  * take less CPU per request, but 4 KiB writes at depth take more
  * (docs/RBD.md), so it is a choice, not the default.  The plugin sets
- * both from dispatch=, over ceph.conf and CEPH_ARGS;
+ * rbd_non_blocking_aio from dispatch= (and, for caller,
+ * librados_thread_count=1), over ceph.conf and CEPH_ARGS;
  * librados_thread_count given as a parameter wins, and
  * rbd_non_blocking_aio as a parameter is refused (rbdp_config).
  *
@@ -324,8 +341,9 @@ rbdp_ceph_opt_given (const char *key)
  * wait there, with every connection of its shard
  * (tests/rbd/test-rbd-loop-dispatch-osd.sh).  Nor only while an OSD is
  * away: under a client writing 4 KiB at depth, acknowledged early, the
- * throttle's limit changed the CPU per request (docs/RBD.md), so the
- * limit was reached there, with the loop as the submitter that waits.
+ * submitter waited in the throttle about 10,000 times in 8 s (librados'
+ * perf counters, docs/RBD.md), and with dispatch=caller the submitter
+ * is the loop.
  * So with dispatch=caller the
  * plugin turns librados' throttle off and its own count (rbdp_count)
  * takes the throttle's limits over (ceph.conf's or CEPH_ARGS', else
@@ -461,15 +479,16 @@ rbdp_after_fork (void)
   }
   rbdp_closer_running = true;
   rbdp_connected = true;
+  char caps[96] = "librados' throttle alone";
+  if (rbdp_aio_inline)
+    snprintf (caps, sizeof caps, "aio path caps %" PRIu64 " ops, %" PRIu64 " bytes (%s)",
+              rbdp_cap_ops, rbdp_cap_bytes,
+              rbdp_own_throttle ? "librados' throttle off" : "librados' throttle as given");
   nbdkit_debug ("rbd: connected to cluster '%s' as %s, pool '%s'%s%s; "
-                "dispatch=%s, librados_thread_count=%" PRIu64 ", aio path caps %"
-                PRIu64 " ops, %" PRIu64 " bytes (%s)", rbdp_cluster_name, user, rbdp_pool,
-                rbdp_namespace ? " namespace " : "",
-                rbdp_namespace ? rbdp_namespace : "",
-                rbdp_aio_inline ? "caller" : "librbd", rbdp_get_u64 ("librados_thread_count"),
-                rbdp_cap_ops, rbdp_cap_bytes,
-                rbdp_own_throttle ? "librados' throttle off, the plugin's count in its place"
-                : rbdp_aio_inline ? "librados' throttle as given" : "librados' throttle");
+                "dispatch=%s, librados_thread_count=%" PRIu64 ", %s", rbdp_cluster_name,
+                user, rbdp_pool, rbdp_namespace ? " namespace " : "",
+                rbdp_namespace ? rbdp_namespace : "", rbdp_aio_inline ? "caller" : "librbd",
+                rbdp_get_u64 ("librados_thread_count"), caps);
   return 0;
 
 fail:
@@ -504,34 +523,60 @@ rbdp_config_source (rbd_config_source_t src)
   }
 }
 
+/* Ceph's reading of a boolean option's text (its Option::parse_value):
+ * true or false in any case, or an integer; -1 for anything else. */
+static int
+rbdp_ceph_bool (const char *v)
+{
+  char *end;
+  long n;
+
+  if (strcasecmp (v, "true") == 0)
+    return 1;
+  if (strcasecmp (v, "false") == 0)
+    return 0;
+  errno = 0;
+  n = strtol (v, &end, 10);
+  if (errno || end == v || *end)
+    return -1;
+  return n != 0;
+}
+
 /* The image's own settings, which `rbd config pool|image set` can give
  * and which librbd applies over the cluster handle's at open: whether it
  * dispatches on the caller, and its cache's bound on writes acknowledged
  * but in flight.  An image that dispatches on the caller while librados'
  * throttle counts alone (dispatch=librbd) could hold the event loop in
- * that throttle, so its requests go to blkd's workers.  The other way
- * round (dispatch=caller, the image says librbd) is only slower: the
- * plugin's count still bounds it.  Read once, at open: a setting changed
- * while the image is served takes effect in librbd at its next refresh
- * without the plugin seeing it.  A failed read keeps dispatch='s choice. */
+ * that throttle, so its requests go to worker threads (blkd's, through
+ * the synchronous calls; under nbdkit they always do).  So does an image
+ * whose settings cannot be read, or whose value Ceph would not parse.
+ * The other way round (dispatch=caller, the image says librbd) is only
+ * slower: the plugin's count still bounds it.  Read once, at open (one
+ * round trip to the pool's and the image's metadata, two if the first
+ * guess of the option count is short): a setting changed while the image
+ * is served takes effect in librbd at its next refresh without the
+ * plugin seeing it. */
 static void
 rbdp_img_check_config (struct rbdp_img *im)
 {
-  rbd_config_option_t *opts = NULL;
-  int n = 0, r;
+  int n = 256, r;
+  rbd_config_option_t *opts = calloc (n, sizeof *opts);
   const char *nba = NULL, *cache = "?", *policy = "?", *dirty = "?";
   rbd_config_source_t nba_src = RBD_CONFIG_SOURCE_CONFIG;
 
-  r = rbd_config_image_list (im->image, NULL, &n);
-  if (r == -ERANGE && n > 0 && (opts = calloc (n, sizeof *opts)) != NULL)
-    r = rbd_config_image_list (im->image, opts, &n);
-  else if (r == -ERANGE)
-    r = -ENOMEM;
-  if (r < 0) {
-    nbdkit_debug ("rbd: image '%s': reading its rbd config: %s; dispatch=%s stands",
-                  im->name, strerror (-r), rbdp_aio_inline ? "caller" : "librbd");
+  r = opts ? rbd_config_image_list (im->image, opts, &n) : -ENOMEM;
+  if (r == -ERANGE) {                 /* n now says how many there are */
     free (opts);
-    return;
+    opts = calloc (n, sizeof *opts);
+    r = opts ? rbd_config_image_list (im->image, opts, &n) : -ENOMEM;
+  }
+  if (r < 0) {
+    n = 0;
+    im->aio_declined = !rbdp_aio_inline;
+    nbdkit_error ("rbd: image '%s': reading its rbd config: %s; %s", im->name,
+                  strerror (-r), rbdp_aio_inline ? "dispatch=caller stands"
+                  : "its requests go to worker threads in case it makes the caller dispatch");
+    goto out;
   }
   for (int i = 0; i < n; i++) {
     if (strcmp (opts[i].name, "rbd_non_blocking_aio") == 0) {
@@ -545,22 +590,22 @@ rbdp_img_check_config (struct rbdp_img *im)
     else if (strcmp (opts[i].name, "rbd_cache_max_dirty") == 0)
       dirty = opts[i].value;
   }
-  bool caller = nba && strcmp (nba, "false") == 0;
-  if (nba && caller != rbdp_aio_inline) {
-    if (caller && !rbdp_aio_inline) {
-      im->aio_declined = true;
-      nbdkit_debug ("rbd: image '%s': rbd_non_blocking_aio=false from %s makes the "
-                    "caller dispatch while librados' throttle counts alone: its "
-                    "requests go to blkd's workers (dispatch=caller would not need to)",
-                    im->name, rbdp_config_source (nba_src));
-    }
-    else
-      nbdkit_debug ("rbd: image '%s': rbd_non_blocking_aio=true from %s: librbd's "
-                    "thread dispatches this image", im->name, rbdp_config_source (nba_src));
+  int nonblocking = nba ? rbdp_ceph_bool (nba) : !rbdp_aio_inline;
+  if (nonblocking != 1 && !rbdp_aio_inline) {
+    im->aio_declined = true;
+    nbdkit_debug ("rbd: image '%s': rbd_non_blocking_aio=%s from %s makes the "
+                  "caller dispatch while librados' throttle counts alone: its "
+                  "requests go to worker threads", im->name, nba ? nba : "?",
+                  rbdp_config_source (nba_src));
   }
+  else if (nonblocking != 0 && rbdp_aio_inline)
+    nbdkit_debug ("rbd: image '%s': rbd_non_blocking_aio=%s from %s: librbd's "
+                  "thread dispatches this image", im->name, nba ? nba : "?",
+                  rbdp_config_source (nba_src));
   nbdkit_debug ("rbd: image '%s': rbd_cache=%s, rbd_cache_policy=%s, "
                 "rbd_cache_max_dirty=%s (writes acknowledged before the OSDs have them, "
                 "at most)", im->name, cache, policy, dirty);
+out:
   rbd_config_image_list_cleanup (opts, n);
   free (opts);
 }
@@ -894,7 +939,7 @@ struct rbdp_req {
   void (*done) (struct rbdp_req *, int err);
 };
 
-/* While the calling thread submits (rbd_non_blocking_aio=false), every
+/* While the calling thread submits (dispatch=caller), every
  * request of the plugin's counts in rbdp_held_ops/_bytes: its object ops
  * (one per object its range touches, a flush one, FUA's flush one more)
  * and payload bytes.  A synchronous request always counts (capped=false:

@@ -133,22 +133,23 @@ if [ "$PLUGIN_HOST" = blkd ] && [ -z "${RBD_EXTRA:-}" ]; then
   stop_server
   : >"$TMP/server.log"
   start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2
-  logged "dispatch=librbd, librados_thread_count=2, aio path caps 512 ops, 52428800 bytes (librados' throttle)"
+  logged "dispatch=librbd, librados_thread_count=2, librados' throttle alone"
   stop_server
   : >"$TMP/server.log"
   start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2 dispatch=caller
-  logged "dispatch=caller, librados_thread_count=1, aio path caps 1024 ops, 104857600 bytes (librados' throttle off"
+  logged "dispatch=caller, librados_thread_count=1, aio path caps 1024 ops, 104857600 bytes (librados' throttle off)"
   stop_server
   : >"$TMP/server.log"
   start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2 dispatch=caller librados_thread_count=3
   logged "dispatch=caller, librados_thread_count=3,"
   stop_server
-  rbd_ config image set img2 rbd_non_blocking_aio false
+  rbd_ config image set img2 rbd_non_blocking_aio 0     # Ceph reads 0 as false
   : >"$TMP/server.log"
   start_server blkd -v --metrics 127.0.0.1:0 "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2
   before=$(aio_count)
+  [ -n "$before" ] || fail "no blkd_plugin_aio_total in /metrics"
   [ "$(sum_nbd "$URI")" = "$img2_now" ] || fail "an image the workers serve reads differently"
-  logged "image 'img2': rbd_non_blocking_aio=false from the image's rbd config makes the caller dispatch"
+  logged "image 'img2': rbd_non_blocking_aio=0 from the image's rbd config makes the caller dispatch"
   [ "$(aio_count)" = "$before" ] || fail "$(( $(aio_count) - before )) requests to that image took the aio path"
   echo "an image whose rbd config says the caller dispatches, under the default: aio requests $before -> $(aio_count), reads and writes $(request_count)"
   stop_server
