@@ -908,10 +908,10 @@ bp_iteration (const struct bp_opts *o, const struct bp_target *t, enum bp_test t
     bp_warn ("%s%s%llu requests failed, first with: %s", label ? label : "",
              label ? ": " : "", (unsigned long long) it->errors, strerror (first_error));
   it->interrupted = bp_interrupted;
-  if (count_mode)
-    it->elapsed_s = (double) (last - ws) / 1e9;
-  else
-    it->elapsed_s = (double) ((end_ns < we ? end_ns : we) - ws) / 1e9;
+  /* An interrupt before the measured window began leaves nothing
+   * measured (0 s), not a wrapped difference. */
+  uint64_t end = count_mode ? last : end_ns < we ? end_ns : we;
+  it->elapsed_s = end > ws ? (double) (end - ws) / 1e9 : 0;
   if (it->elapsed_s > 0) {
     it->bytes_per_s = (double) it->bytes / it->elapsed_s;
     it->iops = (double) it->requests / it->elapsed_s;
@@ -949,9 +949,11 @@ bp_run_iteration (const struct bp_opts *o, struct bp_result *r, unsigned iter_no
     r->failed = true;
     return -1;
   }
-  r->n++;
   if (it->interrupted)
     r->interrupted = true;
+  if (it->interrupted && it->elapsed_s <= 0)
+    return 0;                         /* stopped before it measured: not kept */
+  r->n++;
   return 0;
 }
 
