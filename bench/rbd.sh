@@ -142,7 +142,11 @@ case " $WORKLOADS " in *-img8" "*) IMG8=1 ;; *) IMG8=0 ;; esac
 [ "$IMG8" = 0 ] || [ "$CLIENT" = fio ] || { echo "bench/rbd.sh: the -img8 workloads run with fio only" >&2; exit 1; }
 
 # MemStore keeps every image, written in full, in memory and hangs writes once its
-# device is full: twice what the images take, at least 3 GiB.
+# device is full: twice what the images take, at least 3 GiB.  (rbd reads a
+# size without a unit as MiB, numfmt and fio as bytes: a unit is required.)
+for v in "$SIZE" "$IMG8_SIZE"; do
+  case $v in *[KMGT]) ;; *) echo "bench/rbd.sh: sizes need a unit (K, M, G, T): $v" >&2; exit 1 ;; esac
+done
 need=0
 for s in $SERVERS; do
   need=$((need + $(numfmt --from=iec "$SIZE")))

@@ -139,8 +139,9 @@ struct rbdp_handle {
 
 /* ---- configuration --------------------------------------------------- */
 
-/* Ceph's option names read '-' and ' ' as '_' (rbd-cache is rbd_cache):
- * are a and b the same option? */
+/* Ceph's option names read '-' and ' ' as '_' (rbd_non-blocking_aio is
+ * rbd_non_blocking_aio): are a and b the same option?  (A parameter is
+ * taken for a Ceph option only with an underscore in its name.) */
 static bool
 rbdp_ceph_key_is (const char *a, const char *b)
 {
@@ -479,11 +480,13 @@ rbdp_after_fork (void)
   }
   rbdp_closer_running = true;
   rbdp_connected = true;
-  char caps[96] = "librados' throttle alone";
+  char caps[160] = "librados' throttle alone";
   if (rbdp_aio_inline)
-    snprintf (caps, sizeof caps, "aio path caps %" PRIu64 " ops, %" PRIu64 " bytes (%s)",
+    snprintf (caps, sizeof caps, "aio path caps %" PRIu64 " ops, %" PRIu64 " bytes (%s%s)",
               rbdp_cap_ops, rbdp_cap_bytes,
-              rbdp_own_throttle ? "librados' throttle off" : "librados' throttle as given");
+              rbdp_own_throttle ? "librados' throttle off" : "librados' throttle as given",
+              rbdp_cap_ops == UINT64_MAX || rbdp_cap_bytes == UINT64_MAX
+              ? "; 18446744073709551615: no limit" : "");
   nbdkit_debug ("rbd: connected to cluster '%s' as %s, pool '%s'%s%s; "
                 "dispatch=%s, librados_thread_count=%" PRIu64 ", %s", rbdp_cluster_name,
                 user, rbdp_pool, rbdp_namespace ? " namespace " : "",
@@ -551,8 +554,8 @@ rbdp_ceph_bool (const char *v)
  * the synchronous calls; under nbdkit they always do).  So does an image
  * whose settings cannot be read, or whose value Ceph would not parse.
  * The other way round (dispatch=caller, the image says librbd) is only
- * slower: the plugin's count still bounds it.  Read once, at open (one
- * round trip to the pool's and the image's metadata, two if the first
+ * slower: the plugin's count still bounds it.  Read once, at open (a
+ * read of the pool's and of the image's metadata, twice if the first
  * guess of the option count is short): a setting changed while the image
  * is served takes effect in librbd at its next refresh without the
  * plugin seeing it. */
@@ -598,7 +601,7 @@ rbdp_img_check_config (struct rbdp_img *im)
                   "requests go to worker threads", im->name, nba ? nba : "?",
                   rbdp_config_source (nba_src));
   }
-  else if (nonblocking != 0 && rbdp_aio_inline)
+  else if (nonblocking == 1 && rbdp_aio_inline)
     nbdkit_debug ("rbd: image '%s': rbd_non_blocking_aio=%s from %s: librbd's "
                   "thread dispatches this image", im->name, nba ? nba : "?",
                   rbdp_config_source (nba_src));
