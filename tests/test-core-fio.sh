@@ -46,8 +46,10 @@ run_fio vw "${job[@]}" --verify_only
 expect_eq "$(jq '.jobs[0].read.io_bytes' "$TMP/vw.json")" $((64 * M)) "bytes re-verified"
 
 echo "# time-based: 4k random writes for 6 s, verified as they go (verify_backlog)"
+# (serialize_overlap: a looping job must not race its own writes; see
+# test-restart-fio.sh.)
 run_fio tb --rw=randwrite --bs=4k --size=16M --offset_increment=16M --verify=crc32c \
-  --verify_backlog=256 --verify_fatal=1 --time_based --runtime=6
+  --verify_backlog=256 --verify_fatal=1 --time_based --runtime=6 --serialize_overlap=1
 reads=$(jq '.jobs[0].read.io_bytes' "$TMP/tb.json")
 [ "$reads" -gt 0 ] || fail "time-based run verified nothing"
 ok "time-based run verified $reads bytes while writing"

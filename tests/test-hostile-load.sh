@@ -33,6 +33,7 @@ load() {
   if ! fio --name="$name" --ioengine=nbd --uri="$URI" --numjobs=64 --rw=randrw --bs=4k \
          --size=2M --offset_increment=2M --iodepth=8 --verify=crc32c --verify_fatal=1 \
          --verify_backlog=64 --time_based --runtime="$RUNTIME" --group_reporting \
+         --serialize_overlap=1 \
          --verify_state_save=0 --output-format=json --output="$TMP/$name.json" \
          >"$TMP/$name.log" 2>&1; then
     cat "$TMP/$name.log"; head -c 3000 "$TMP/$name.json"

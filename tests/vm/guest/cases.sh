@@ -388,7 +388,8 @@ load_start() {
   e0=$(io_errors) m0=$(nbd_msgs)
   fio --name=load --filename=/mnt/fio.dat --size=32M --ioengine=libaio --direct=1 \
       --rw=randwrite --bs=4k --iodepth=8 --verify=crc32c --verify_backlog=256 \
-      --verify_fatal=1 --time_based --runtime="$1" --output-format=terse --terse-version=3 \
+      --verify_fatal=1 --time_based --runtime="$1" --serialize_overlap=1 \
+      --output-format=terse --terse-version=3 \
       >/tmp/fio.load 2>&1 &
   FIO_PID=$!
   (i=0; while [ $i -lt 60 ]; do dd if=/dev/urandom of=/mnt/sync.$((i % 4)) bs=64k count=2 \
