@@ -92,6 +92,26 @@ cat "$TMP/slow.txt"
 grep -Eq "^Verdict on IOPS: -9[0-9]\.[0-9]+% .*(significant \(B is worse|not significant)" "$TMP/slow.txt" \
   || fail "table verdict for a slower B"
 
+# An interrupt ends with 130 and compares whole pairs only.  2 s iterations
+# run A, B, then B, A: at 5 s the interrupt lands in pair 2's first side,
+# whose lone iteration must not be compared.
+"$BLKPERF" compare -t RR -l 2 -i 10,10 --json "$A" "$A" >"$TMP/int.json" 2>"$TMP/int.err" &
+bp=$!; sleep 5; kill -INT $bp
+rc=0; wait $bp || rc=$?
+[ $rc -eq 130 ] || { cat "$TMP/int.err"; fail "interrupted compare: exit $rc, not 130"; }
+"$PY" - "$TMP/int.json" <<'EOF2' || fail "interrupted compare compared unequal sides"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["a"]["iterations"] == d["b"]["iterations"] >= 1, (d["a"]["iterations"], d["b"]["iterations"])
+print("interrupted compare: %d iterations a side" % d["a"]["iterations"])
+EOF2
+# Interrupted in the first warm-up: nothing measured, nothing reported.
+"$BLKPERF" compare -t RR -l 1 -w 5 -i 10,10 --json "$A" "$A" >"$TMP/int0.json" 2>"$TMP/int0.err" &
+bp=$!; sleep 1.5; kill -INT $bp
+rc=0; wait $bp || rc=$?
+[ $rc -eq 130 ] || fail "compare interrupted in warm-up: exit $rc, not 130"
+[ ! -s "$TMP/int0.json" ] || fail "compare interrupted in warm-up reported: $(head -c 300 "$TMP/int0.json")"
+
 # Compare needs two URIs and at least two iterations a side.
 rc=0; "$BLKPERF" compare -l 1 "$A" 2>"$TMP/err" || rc=$?
 [ $rc -eq 2 ] && grep -q "two URIs" "$TMP/err" || fail "compare with one URI: exit $rc"
