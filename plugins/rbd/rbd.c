@@ -99,7 +99,6 @@ static unsigned rbdp_n_ceph_opts;
  * can still fill it under the loop (rbdp_apply_ceph_opts). */
 static uint64_t rbdp_cap_ops, rbdp_cap_bytes;
 static atomic_uint_fast64_t rbdp_held_ops, rbdp_held_bytes;   /* rbdp_count */
-static bool rbdp_aio_inline;           /* dispatch=caller: the caller submits */
 static bool rbdp_own_throttle;         /* librados' throttle is off; the caps are it */
 
 static rados_t rbdp_cluster;
@@ -310,6 +309,16 @@ rbdp_half_limit (uint64_t limit)
   return limit ? (limit / 2 ?: 1) : UINT64_MAX;
 }
 
+/* A cap for the log: its number, or "no" for none (UINT64_MAX). */
+static const char *
+rbdp_limit_str (uint64_t v, char buf[24])
+{
+  if (v == UINT64_MAX)
+    return "no";
+  snprintf (buf, 24, "%" PRIu64, v);
+  return buf;
+}
+
 /* Was key given as a plugin parameter (not from ceph.conf or CEPH_ARGS)? */
 static bool
 rbdp_ceph_opt_given (const char *key)
@@ -373,10 +382,9 @@ rbdp_apply_ceph_opts (void)
   for (i = 0; i < rbdp_n_ceph_opts; i++)
     if (rbdp_set (rbdp_ceph_opts[i].key, rbdp_ceph_opts[i].value) == -1)
       return -1;
-  rbdp_aio_inline = rbdp_dispatch_caller;
   uint64_t ops = rbdp_get_u64 ("objecter_inflight_ops");
   uint64_t bytes = rbdp_get_u64 ("objecter_inflight_op_bytes");
-  if (rbdp_aio_inline && !rbdp_ceph_opt_given ("objecter_inflight_ops")
+  if (rbdp_dispatch_caller && !rbdp_ceph_opt_given ("objecter_inflight_ops")
       && !rbdp_ceph_opt_given ("objecter_inflight_op_bytes")) {
     if (rbdp_set ("objecter_inflight_ops", "0") == -1
         || rbdp_set ("objecter_inflight_op_bytes", "0") == -1)
@@ -480,17 +488,15 @@ rbdp_after_fork (void)
   }
   rbdp_closer_running = true;
   rbdp_connected = true;
-  char caps[160] = "librados' throttle alone";
-  if (rbdp_aio_inline)
-    snprintf (caps, sizeof caps, "aio path caps %" PRIu64 " ops, %" PRIu64 " bytes (%s%s)",
-              rbdp_cap_ops, rbdp_cap_bytes,
-              rbdp_own_throttle ? "librados' throttle off" : "librados' throttle as given",
-              rbdp_cap_ops == UINT64_MAX || rbdp_cap_bytes == UINT64_MAX
-              ? "; 18446744073709551615: no limit" : "");
+  char caps[128] = "librados' throttle alone", ops[24], bytes[24];
+  if (rbdp_dispatch_caller)
+    snprintf (caps, sizeof caps, "aio path caps %s ops, %s bytes (%s)",
+              rbdp_limit_str (rbdp_cap_ops, ops), rbdp_limit_str (rbdp_cap_bytes, bytes),
+              rbdp_own_throttle ? "librados' throttle off" : "librados' throttle as given");
   nbdkit_debug ("rbd: connected to cluster '%s' as %s, pool '%s'%s%s; "
                 "dispatch=%s, librados_thread_count=%" PRIu64 ", %s", rbdp_cluster_name,
                 user, rbdp_pool, rbdp_namespace ? " namespace " : "",
-                rbdp_namespace ? rbdp_namespace : "", rbdp_aio_inline ? "caller" : "librbd",
+                rbdp_namespace ? rbdp_namespace : "", rbdp_dispatch_caller ? "caller" : "librbd",
                 rbdp_get_u64 ("librados_thread_count"), caps);
   return 0;
 
@@ -575,9 +581,9 @@ rbdp_img_check_config (struct rbdp_img *im)
   }
   if (r < 0) {
     n = 0;
-    im->aio_declined = !rbdp_aio_inline;
+    im->aio_declined = !rbdp_dispatch_caller;
     nbdkit_error ("rbd: image '%s': reading its rbd config: %s; %s", im->name,
-                  strerror (-r), rbdp_aio_inline ? "dispatch=caller stands"
+                  strerror (-r), rbdp_dispatch_caller ? "dispatch=caller stands"
                   : "its requests go to worker threads in case it makes the caller dispatch");
     goto out;
   }
@@ -593,15 +599,15 @@ rbdp_img_check_config (struct rbdp_img *im)
     else if (strcmp (opts[i].name, "rbd_cache_max_dirty") == 0)
       dirty = opts[i].value;
   }
-  int nonblocking = nba ? rbdp_ceph_bool (nba) : !rbdp_aio_inline;
-  if (nonblocking != 1 && !rbdp_aio_inline) {
+  int nonblocking = nba ? rbdp_ceph_bool (nba) : !rbdp_dispatch_caller;
+  if (nonblocking != 1 && !rbdp_dispatch_caller) {
     im->aio_declined = true;
     nbdkit_debug ("rbd: image '%s': rbd_non_blocking_aio=%s from %s makes the "
                   "caller dispatch while librados' throttle counts alone: its "
                   "requests go to worker threads", im->name, nba ? nba : "?",
                   rbdp_config_source (nba_src));
   }
-  else if (nonblocking == 1 && rbdp_aio_inline)
+  else if (nonblocking == 1 && rbdp_dispatch_caller)
     nbdkit_debug ("rbd: image '%s': rbd_non_blocking_aio=%s from %s: librbd's "
                   "thread dispatches this image", im->name, nba ? nba : "?",
                   rbdp_config_source (nba_src));
@@ -956,7 +962,7 @@ rbdp_count (struct rbdp_req *req, bool capped)
   uint64_t os = req->img->obj_size, ops = 1, bytes = 0;
 
   req->ops = req->bytes = 0;
-  if (!rbdp_aio_inline)
+  if (!rbdp_dispatch_caller)
     return true;                      /* librbd's own thread waits, not ours */
   if (req->count)
     ops = (req->offset + req->count - 1) / os - req->offset / os + 1;

@@ -28,6 +28,8 @@ start_fails "rbd_colour=blue.*not a Ceph option" conf="$CEPH_CONF" id=blkd rbd_c
 start_fails "dispatch=loop: expected caller or librbd" conf="$CEPH_CONF" id=blkd dispatch=loop image=img1
 start_fails "rbd_non_blocking_aio=false: say dispatch=caller" conf="$CEPH_CONF" id=blkd \
   rbd_non_blocking_aio=false image=img1
+start_fails "rbd_non_blocking_aio=1: say dispatch=caller" conf="$CEPH_CONF" id=blkd \
+  rbd_non-blocking_aio=1 image=img1            # Ceph reads '-' as '_'
 
 # A missing image or snapshot is refused at connect, with the reason in
 # the server's log, and the server goes on serving what exists.
