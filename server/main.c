@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pwd.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,7 +162,7 @@ usage (FILE *f)
 "  -V, --version          print the version and exit\n"
 "\n"
 "Engine:\n"
-"      --shards N         event-loop threads, one per core (default: online CPUs)\n"
+"      --shards N         event-loop threads, one per core (default: the CPUs it may run on)\n"
 "      --poll-us N        while requests come closer together than N us, look\n"
 "                         for the next one that long before sleeping in epoll\n"
 "                         (default 50; 0: always sleep at once)\n"
@@ -543,6 +544,32 @@ start_run_command (void)
   return 0;
 }
 
+/* One event loop per CPU this process may run on: under taskset, systemd's
+ * CPUAffinity= or a container's cpuset (Kubernetes' static CPU manager)
+ * that is fewer than the machine's online CPUs, and a second loop on the
+ * same CPU would only add wake-ups.  A CPU quota (cgroup cpu.max) is not
+ * an affinity and is not read here: --shards says it. */
+static int
+default_shards (void)
+{
+  for (int ncpus = 1024; ncpus <= 1 << 16; ncpus *= 2) {
+    cpu_set_t *set = CPU_ALLOC (ncpus);
+    size_t size = CPU_ALLOC_SIZE (ncpus);
+    if (set == NULL)
+      break;
+    if (sched_getaffinity (0, size, set) == 0) {
+      int n = CPU_COUNT_S (size, set);
+      CPU_FREE (set);
+      return n > 0 ? n : 1;
+    }
+    CPU_FREE (set);
+    if (errno != EINVAL)              /* EINVAL: the kernel's mask is larger */
+      break;
+  }
+  long online = sysconf (_SC_NPROCESSORS_ONLN);
+  return online > 0 ? (int) online : 1;
+}
+
 int
 main (int argc, char **argv)
 {
@@ -552,14 +579,13 @@ main (int argc, char **argv)
   int c, exit_code = EXIT_SUCCESS;
   struct event *ev_stop = NULL, *ev_chld = NULL, *ev_hup = NULL, *ev_usr2 = NULL;
   struct event *ev_term = NULL;
-  long ncpu = sysconf (_SC_NPROCESSORS_ONLN);
   uint64_t iobuf_mem = 1024ull * 1024 * 1024;
   enum { MAX_FILTERS = 64 };
   const char *filters[MAX_FILTERS];
   int nfilters = 0;
 
   restart_save_argv (argc, argv);
-  cfg.shards = ncpu > 0 ? (int) ncpu : 1;
+  cfg.shards = default_shards ();
   /* GNU order, as nbdkit: options may follow the plugin and its arguments. */
   while ((c = getopt_long (argc, argv, "46D:e:fg:i:p:P:rst:u:U:vVh", long_opts, NULL)) != -1) {
     switch (c) {

@@ -271,6 +271,40 @@ for server in servers:
         check_eq(r.stdout.strip(), want, "%s --mask-handshake=%s, client flags %s: "
                  "global flags and LIST's reply" % (os.path.basename(server), mask, cflags))
 
+print("# --shards by default: one event loop per CPU the process may run on")
+
+
+def shard_threads(pid):
+    """How many of blkd's threads are event loops (named blkd.sN)."""
+    names = []
+    for task in os.listdir("/proc/%d/task" % pid):
+        try:
+            names.append(open("/proc/%d/task/%s/comm" % (pid, task)).read().strip())
+        except OSError:
+            pass
+    return sum(1 for n in names if re.fullmatch(r"blkd\.s\d+", n))
+
+
+mine = sorted(os.sched_getaffinity(0))
+for cpus in (set(mine), {mine[0]}):
+    sock = os.path.join(TMP, "shards%d.sock" % len(cpus))
+    log = open(os.path.join(TMP, "shards%d.log" % len(cpus)), "w")
+    srv = subprocess.Popen([BLKD, "-f", "-U", sock, "memory", "1M"], stdout=log, stderr=log,
+                           preexec_fn=lambda c=cpus: os.sched_setaffinity(0, c))
+    try:
+        wait_for(lambda: os.path.exists(sock), "blkd listening")
+        h = nbd.NBD()
+        h.connect_unix(sock)               # served: every loop has started
+        h.shutdown()
+        del h
+        check_eq(shard_threads(srv.pid), len(cpus),
+                 "event loops of blkd started on %d CPU(s) of %d" % (len(cpus), len(mine)))
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        srv.wait(timeout=LIMIT)
+if len(mine) == 1:
+    note("this process may run on one CPU only: both cases expect one loop")
+
 print("# --help and README cover every option blkd accepts")
 src = open(os.path.join(TOP, "server", "main.c")).read()
 table = src[src.index("long_opts[] = {"):]
