@@ -10,7 +10,8 @@
 #                                   BLKD_PARAMS="PARAM=VALUE ..."
 #                                   AB_BLKD=/path/to/other/blkd
 #                                   CLIENT=fio|blkperf FLUSH_FIRST=1
-#                                   QEMU_CACHE=writeback|none)
+#                                   QEMU_CACHE=writeback|none
+#                                   CLUSTER_CPUS=0 GATEWAY_CPUS=1)
 #
 # Workloads (fio; NBD servers through fio's nbd engine): 4k random read and write
 # at QD32 on 1 connection and on 4 (4 jobs x QD32), 64 KiB and 1 MiB sequential
@@ -83,6 +84,14 @@
 # What bounds these figures: one MemStore OSD, its mon, the servers and fio all
 # share this machine's CPUs; the OSD's CPU is usually the limit, so compare
 # ratios from one invocation only, and publish nothing from a loaded machine.
+#
+# CLUSTER_CPUS and GATEWAY_CPUS (taskset CPU lists, both or neither) split
+# the machine as a deployment does: the cluster's daemons on the first, and
+# on the second what runs on the host that uses the image (every server,
+# every client, fio's rbd engine and rbd bench), as rbd-nbd and the kernel's
+# client share a compute host while the OSDs run elsewhere.  Then a route's
+# extra CPU per request no longer comes out of the OSD's, and the per-CPU
+# busy column says which side bounds each row.
 # Prints each run, then per workload the median and the ratios to blkd;
 # OUTDIR/rbd.md gets the table (with `uptime` before and after).
 set -euo pipefail
@@ -108,6 +117,16 @@ done
 [ -x "$BLKD" ] && [ -f "$SO" ] || { echo "bench/rbd.sh: build blkd and the rbd plugin first" >&2; exit 1; }
 fio --enghelp 2>/dev/null | grep -qx '[[:space:]]*rbd' || { echo "fio has no rbd engine" >&2; exit 1; }
 
+CLUSTER_CPUS=${CLUSTER_CPUS:-}
+GATEWAY_CPUS=${GATEWAY_CPUS:-}
+ON_CLUSTER=() ON_GATEWAY=()
+if [ -n "$CLUSTER_CPUS$GATEWAY_CPUS" ]; then
+  [ -n "$CLUSTER_CPUS" ] && [ -n "$GATEWAY_CPUS" ] \
+    || { echo "bench/rbd.sh: set both CLUSTER_CPUS and GATEWAY_CPUS, or neither" >&2; exit 1; }
+  ON_CLUSTER=(taskset -c "$CLUSTER_CPUS")
+  ON_GATEWAY=(taskset -c "$GATEWAY_CPUS")
+fi
+
 W=$(mktemp -d /tmp/blkd-bench-rbd.XXXXXX)
 PIDS=()
 HOLDER=                               # the flush's connection (run), while it is open
@@ -120,7 +139,9 @@ finish() {
 }
 trap finish EXIT
 
-echo "uptime before: $(uptime)" | tee "$OUT/rbd.uptime"
+{ echo "uptime before: $(uptime)"
+  [ -z "$CLUSTER_CPUS" ] || echo "cluster on CPUs $CLUSTER_CPUS, servers and clients on CPUs $GATEWAY_CPUS"
+} | tee "$OUT/rbd.uptime"
 
 SERVERS=${SERVERS:-"blkd blkd-noaio qemu-nbd nbdkit-py librbd"}
 AB=${AB:-}
@@ -155,7 +176,7 @@ for s in $SERVERS; do
   fi
 done
 cluster_bytes=$((2 * need > (3 << 30) ? 2 * need : (3 << 30)))
-RBD_CLUSTER_BYTES=$cluster_bytes "$TOP/tests/rbd/cluster.sh" start "$W/ceph"
+RBD_CLUSTER_BYTES=$cluster_bytes "${ON_CLUSTER[@]}" "$TOP/tests/rbd/cluster.sh" start "$W/ceph"
 export CEPH_CONF=$W/ceph/ceph.conf
 
 fill_image() {
@@ -175,7 +196,7 @@ free_port() { $PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0
 start() {
   local name=$1 port i; shift
   port=$(free_port)
-  "${@//@PORT@/$port}" >"$W/$name.log" 2>&1 &
+  "${ON_GATEWAY[@]}" "${@//@PORT@/$port}" >"$W/$name.log" 2>&1 &
   PIDS+=("$!"); SPID[$name]=$!; PORT[$name]=$port
   for ((i = 0; i < 200; i++)); do
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
@@ -219,8 +240,12 @@ thread_snap() {
 }
 HZ=$(getconf CLK_TCK)
 NCPU=$(nproc)
-# busy_ticks: the machine's busy and total CPU ticks so far, as BUSY:TOTAL.
-busy_ticks() { awk '/^cpu / { t = 0; for (i = 2; i <= 9; i++) t += $i; print t - $5 - $6 ":" t }' /proc/stat; }
+# busy_ticks: the machine's busy and total CPU ticks so far, as BUSY:TOTAL,
+# then each CPU's, all comma-separated.
+busy_ticks() {
+  awk '/^cpu/ { t = 0; for (i = 2; i <= 9; i++) t += $i; printf "%s%d:%d", sep, t - $5 - $6, t; sep = "," }
+       END { print "" }' /proc/stat
+}
 
 # fio_args WORKLOAD: rw, bs, iodepth, numjobs.
 fio_args() {
@@ -245,7 +270,7 @@ blkperf_run() {
     read) t=STREAM_READ ;; write) t=STREAM_WRITE ;;
   esac
   /usr/bin/time -f "%U %S" -o "$W/time.out" \
-    "$TOP/blkperf" -t "$t" -b "$bs" -q "$qd" -C "$jobs" -l "$SECS" -w 1 --quiet --json \
+    "${ON_GATEWAY[@]}" "$TOP/blkperf" -t "$t" -b "$bs" -q "$qd" -C "$jobs" -l "$SECS" -w 1 --quiet --json \
       "nbd://127.0.0.1:${PORT[$s]}/" >"$W/blkperf.json" 2>"$W/fio.err" \
     || { cat "$W/fio.err" >&2; echo "bench/rbd.sh: blkperf failed ($s $rw)" >&2; exit 1; }
   $PY - "$W/blkperf.json" "$W/fio.json" <<'EOF'
@@ -292,7 +317,7 @@ run() {
   local i
   if [ "$s" != librbd ] && [ "$FLUSH_FIRST" = 1 ]; then
     rm -f "$W/flushed"
-    $PY -c 'import nbd, sys, time
+    "${ON_GATEWAY[@]}" $PY -c 'import nbd, sys, time
 hs = []
 for u in sys.argv[2:]:
     h = nbd.NBD(); h.connect_uri(u); h.flush(); hs.append(h)
@@ -313,7 +338,7 @@ time.sleep(3600)' "$W/flushed" "${uris[@]}" &
     blkperf_run "$s" "$rw" "$bs" "$qd" "$jobs"
   else
     /usr/bin/time -f "%U %S" -o "$W/time.out" \
-      fio --rw="$rw" --bs="$bs" --iodepth="$qd" \
+      "${ON_GATEWAY[@]}" fio --rw="$rw" --bs="$bs" --iodepth="$qd" \
         --size="$size" --time_based --runtime="$SECS" --ramp_time=1 --group_reporting \
         --output-format=json --output="$W/fio.json" "${eng[@]}" >/dev/null 2>"$W/fio.err" \
       || { cat "$W/fio.err" >&2; echo "bench/rbd.sh: fio failed ($s $wl)" >&2; exit 1; }
@@ -354,13 +379,15 @@ EOF
 import json, sys
 f, s, wl = sys.argv[1:4]
 cpu, ccpu = float(sys.argv[4]), float(sys.argv[5])
-(u0, t0), (u1, t1) = ([int(x) for x in a.split(":")] for a in sys.argv[6:8])
+a, b = ([[int(x) for x in c.split(":")] for c in v.split(",")] for v in sys.argv[6:8])
 j = json.load(open(f))["jobs"][0]
 ios = max(j["read"]["total_ios"] + j["write"]["total_ios"], 1)
 iops = j["read"]["iops"] + j["write"]["iops"]
 mibs = (j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 2**20
-busy = (u1 - u0) / max(t1 - t0, 1) * int(sys.argv[8])
-print("%s %s %.0f %.1f %.1f %.1f %.2f" % (s, wl, iops, mibs, cpu * 1e6 / ios, ccpu * 1e6 / ios, busy))
+frac = [(u1 - u0) / max(t1 - t0, 1) for (u0, t0), (u1, t1) in zip(a, b)]
+busy = frac[0] * int(sys.argv[8])
+print("%s %s %.0f %.1f %.1f %.1f %.2f %s" % (s, wl, iops, mibs, cpu * 1e6 / ios, ccpu * 1e6 / ios, busy,
+                                           "/".join("%.2f" % x for x in frac[1:])))
 EOF
 }
 
@@ -375,10 +402,10 @@ done
 
 # rbd bench on the same cluster: librbd's own tool, 4k random, 32 threads.
 has librbd && for t in read write; do
-  ops=$(timeout 300 rbd bench --io-type "$t" --io-size 4K --io-threads 32 --io-pattern rand \
+  ops=$(timeout 300 "${ON_GATEWAY[@]}" rbd bench --io-type "$t" --io-size 4K --io-threads 32 --io-pattern rand \
         --io-total $((SECS * 8000 * 4096)) img-librbd 2>/dev/null \
         | sed -nE 's/.*elapsed: *[0-9.]+ +ops: *[0-9]+ +ops\/sec: *([0-9.]+).*/\1/p')
-  echo "rbd-bench rand$t-1 ${ops:-0} $(echo "${ops:-0} * 4 / 1024" | bc -l | xargs printf '%.1f') 0 0 0" \
+  echo "rbd-bench rand$t-1 ${ops:-0} $(echo "${ops:-0} * 4 / 1024" | bc -l | xargs printf '%.1f') 0 0 0 0" \
     | tee -a "$W/results"
 done
 echo "uptime after: $(uptime)" | tee -a "$OUT/rbd.uptime"
@@ -390,8 +417,9 @@ res, out, rounds, secs, up = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4],
 NCPU = int(sys.argv[6])
 runs = defaultdict(list)
 for line in open(res):
-    s, wl, iops, mibs, cpu, ccpu, busy = line.split()
-    runs[(wl, s)].append((float(iops), float(mibs), float(cpu), float(ccpu), float(busy)))
+    s, wl, iops, mibs, cpu, ccpu, busy, *percpu = line.split()
+    runs[(wl, s)].append((float(iops), float(mibs), float(cpu), float(ccpu), float(busy),
+                          [float(x) for x in percpu[0].split("/")] if percpu else []))
 wls = list(dict.fromkeys(k[0] for k in runs))
 servers = list(dict.fromkeys(k[1] for k in runs))
 lines = ["# rbd: NBD servers over one MemStore OSD (bench/rbd.sh)", "",
@@ -399,10 +427,11 @@ lines = ["# rbd: NBD servers over one MemStore OSD (bench/rbd.sh)", "",
          "Only ratios from one run mean anything; the OSD shares the machine's CPUs.", "",
          "```", open(up).read().strip(), "```", "",
          "client CPU: fio's own per request (for librbd, fio is the whole client and",
-         "its server); CPUs busy: of the machine's %d, over the run." % NCPU, "",
+         "its server); CPUs busy: of the machine's %d, over the run, and each CPU's" % NCPU,
+         "share busy (cpu0/cpu1/...).", "",
          "| workload | server | IOPS | MiB/s | server CPU us/request | client CPU us/request "
-         "| CPUs busy | IOPS vs blkd | CPU vs blkd |",
-         "|---|---|---|---|---|---|---|---|---|"]
+         "| CPUs busy | per CPU | IOPS vs blkd | CPU vs blkd |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
 for wl in wls:
     base = runs.get((wl, "blkd"))
     bi = statistics.median(r[0] for r in base) if base else 0
@@ -412,12 +441,17 @@ for wl in wls:
             continue
         v = runs[(wl, s)]
         i, m, c, cc, busy = (statistics.median(r[k] for r in v) for k in range(5))
+        ncpu = min(len(r[5]) for r in v)
+        pc = "/".join("%.2f" % statistics.median(r[5][k] for r in v) for k in range(ncpu)) or "-"
         ri = "%.2f" % (i / bi) if bi else "-"
         rc = "%.2f" % (c / bc) if bc and c and s not in ("librbd", "rbd-bench") else "-"
         cs = "%.1f" % c if s != "rbd-bench" else "-"
         ccs = "%.1f" % cc if s not in ("librbd", "rbd-bench") else "-"
         bs = "%.2f" % busy if s != "rbd-bench" else "-"
-        lines.append("| %s | %s | %.0f | %.1f | %s | %s | %s | %s | %s |" % (wl, s, i, m, cs, ccs, bs, ri, rc))
+        if s == "rbd-bench":
+            pc = "-"
+        lines.append("| %s | %s | %.0f | %.1f | %s | %s | %s | %s | %s | %s |"
+                     % (wl, s, i, m, cs, ccs, bs, pc, ri, rc))
 open(out, "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
