@@ -25,6 +25,9 @@
 # Per run: IOPS, MiB/s, and the server's CPU (utime+stime of all its threads,
 # librbd's included, from /proc/PID/stat) per request.  The librbd-direct rows
 # have no server: their CPU column is fio's process, librbd's threads included.
+# The cluster's CPU per request (its daemons' ticks over the run) says what a
+# route costs the OSD: not the same for every route when they batch ops
+# differently.
 # OUTDIR/rbd-threads.md splits each server's CPU and context switches per
 # request by thread kind (/proc/PID/task/*): the server's own event loops
 # (blkd.sN, qemu-nbd's main loop), blkd's workers (blkd.sN.wM), librados'
@@ -72,6 +75,15 @@
 # QEMU_CACHE=none gives qemu-nbd --cache=none (librbd's cache off:
 # rbd_cache=false), as runs before 2026-12-02 05:00 UTC had it;
 # CEPH_ARGS=--rbd_cache=false turns it off for all of them.
+#
+# Random offsets are uniform, with repeats, for every route: fio runs with
+# --norandommap, as blkperf draws them.  fio's random map (each block once
+# per pass) falls back to the next free block as a pass fills, so late in
+# each pass it writes neighbours of recent writes, and librbd's I/O
+# scheduler (rbd_io_scheduler=simple) merges those into one object op:
+# fio's rbd engine then sent 0.85 OSD ops per 4 KiB write and ran 1.2x the
+# rate it runs with the map off or with the scheduler off, against blkperf's
+# one op per write (2026-12-02, docs/RBD.md).
 #
 # Images are created with only layering,exclusive-lock: with fast-diff (and the
 # object map), qemu's rbd driver asks rbd_diff_iterate2 on every read, which is
@@ -222,6 +234,14 @@ has nbdkit-py && start nbdkit-py nbdkit -f -i 127.0.0.1 -p @PORT@ python "$TOP/b
   conf="$CEPH_CONF" image=img-nbdkit-py
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# cluster_ticks: the cluster's daemons' CPU ticks so far (mon, OSD, mgr).
+cluster_ticks() {
+  local f n=0 t
+  for f in "$W"/ceph/run/*.pid; do
+    t=$(cpu_ticks "$(cat "$f")" 2>/dev/null) && n=$((n + t))
+  done
+  echo "$n"
+}
 # thread_snap PID FILE: per thread, its kind, id, CPU ticks and context switches.
 thread_snap() {
   local t comm ticks cs
@@ -292,7 +312,7 @@ EOF
 # (/proc/stat), which says whether the OSD, server and client together
 # filled the machine.
 run() {
-  local s=$1 wl=$2 rw bs qd jobs eng t0 t1 pid cpu ccpu b0 b1 size=$SIZE k
+  local s=$1 wl=$2 rw bs qd jobs eng t0 t1 pid cpu ccpu b0 b1 c0 c1 size=$SIZE k
   local uris=("nbd://127.0.0.1:${PORT[$s]:-}/")
   read -r rw bs qd jobs <<<"$(fio_args "$wl")"
   case $wl in
@@ -334,16 +354,18 @@ time.sleep(3600)' "$W/flushed" "${uris[@]}" &
   t0=$([ -n "$pid" ] && cpu_ticks "$pid" || echo 0)
   [ -z "$pid" ] || thread_snap "$pid" "$W/threads0"
   b0=$(busy_ticks)
+  c0=$(cluster_ticks)
   if [ "$s" != librbd ] && [ "$CLIENT" = blkperf ]; then
     blkperf_run "$s" "$rw" "$bs" "$qd" "$jobs"
   else
     /usr/bin/time -f "%U %S" -o "$W/time.out" \
-      "${ON_GATEWAY[@]}" fio --rw="$rw" --bs="$bs" --iodepth="$qd" \
+      "${ON_GATEWAY[@]}" fio --rw="$rw" --bs="$bs" --iodepth="$qd" --norandommap \
         --size="$size" --time_based --runtime="$SECS" --ramp_time=1 --group_reporting \
         --output-format=json --output="$W/fio.json" "${eng[@]}" >/dev/null 2>"$W/fio.err" \
       || { cat "$W/fio.err" >&2; echo "bench/rbd.sh: fio failed ($s $wl)" >&2; exit 1; }
   fi
   b1=$(busy_ticks)
+  c1=$(cluster_ticks)
   if [ -n "$HOLDER" ]; then kill "$HOLDER" 2>/dev/null; wait "$HOLDER" 2>/dev/null || true; HOLDER=; fi
   ccpu=$(awk '{ print $1 + $2 }' "$W/time.out")
   if [ -n "$pid" ]; then
@@ -375,7 +397,8 @@ for k, (t, c, n) in d.items():
 EOF
   # The CPU covers the whole run (ramp included), the requests only those
   # after the ramp: a slight overestimate, the same for every server.
-  $PY - "$W/fio.json" "$s" "$wl" "$cpu" "$ccpu" "$b0" "$b1" "$NCPU" <<'EOF' | tee -a "$W/results"
+  $PY - "$W/fio.json" "$s" "$wl" "$cpu" "$ccpu" "$b0" "$b1" "$NCPU" "$(((c1 - c0)))" "$HZ" <<'EOF' \
+    | tee -a "$W/results"
 import json, sys
 f, s, wl = sys.argv[1:4]
 cpu, ccpu = float(sys.argv[4]), float(sys.argv[5])
@@ -386,8 +409,9 @@ iops = j["read"]["iops"] + j["write"]["iops"]
 mibs = (j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 2**20
 frac = [(u1 - u0) / max(t1 - t0, 1) for (u0, t0), (u1, t1) in zip(a, b)]
 busy = frac[0] * int(sys.argv[8])
-print("%s %s %.0f %.1f %.1f %.1f %.2f %s" % (s, wl, iops, mibs, cpu * 1e6 / ios, ccpu * 1e6 / ios, busy,
-                                           "/".join("%.2f" % x for x in frac[1:])))
+clcpu = int(sys.argv[9]) / int(sys.argv[10])
+print("%s %s %.0f %.1f %.1f %.1f %.2f %s %.1f" % (s, wl, iops, mibs, cpu * 1e6 / ios, ccpu * 1e6 / ios, busy,
+                                                "/".join("%.2f" % x for x in frac[1:]), clcpu * 1e6 / ios))
 EOF
 }
 
@@ -405,7 +429,7 @@ has librbd && for t in read write; do
   ops=$(timeout 300 "${ON_GATEWAY[@]}" rbd bench --io-type "$t" --io-size 4K --io-threads 32 --io-pattern rand \
         --io-total $((SECS * 8000 * 4096)) img-librbd 2>/dev/null \
         | sed -nE 's/.*elapsed: *[0-9.]+ +ops: *[0-9]+ +ops\/sec: *([0-9.]+).*/\1/p')
-  echo "rbd-bench rand$t-1 ${ops:-0} $(echo "${ops:-0} * 4 / 1024" | bc -l | xargs printf '%.1f') 0 0 0 0" \
+  echo "rbd-bench rand$t-1 ${ops:-0} $(echo "${ops:-0} * 4 / 1024" | bc -l | xargs printf '%.1f') 0 0 0 0 0" \
     | tee -a "$W/results"
 done
 echo "uptime after: $(uptime)" | tee -a "$OUT/rbd.uptime"
@@ -417,9 +441,9 @@ res, out, rounds, secs, up = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4],
 NCPU = int(sys.argv[6])
 runs = defaultdict(list)
 for line in open(res):
-    s, wl, iops, mibs, cpu, ccpu, busy, *percpu = line.split()
+    s, wl, iops, mibs, cpu, ccpu, busy, percpu, clcpu = line.split()
     runs[(wl, s)].append((float(iops), float(mibs), float(cpu), float(ccpu), float(busy),
-                          [float(x) for x in percpu[0].split("/")] if percpu else []))
+                          [float(x) for x in percpu.split("/")], float(clcpu)))
 wls = list(dict.fromkeys(k[0] for k in runs))
 servers = list(dict.fromkeys(k[1] for k in runs))
 lines = ["# rbd: NBD servers over one MemStore OSD (bench/rbd.sh)", "",
@@ -428,10 +452,10 @@ lines = ["# rbd: NBD servers over one MemStore OSD (bench/rbd.sh)", "",
          "```", open(up).read().strip(), "```", "",
          "client CPU: fio's own per request (for librbd, fio is the whole client and",
          "its server); CPUs busy: of the machine's %d, over the run, and each CPU's" % NCPU,
-         "share busy (cpu0/cpu1/...).", "",
+         "share busy (cpu0/cpu1/...); cluster CPU: its daemons' (mon, OSD) per request.", "",
          "| workload | server | IOPS | MiB/s | server CPU us/request | client CPU us/request "
-         "| CPUs busy | per CPU | IOPS vs blkd | CPU vs blkd |",
-         "|---|---|---|---|---|---|---|---|---|---|"]
+         "| cluster CPU us/request | CPUs busy | per CPU | IOPS vs blkd | CPU vs blkd |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
 for wl in wls:
     base = runs.get((wl, "blkd"))
     bi = statistics.median(r[0] for r in base) if base else 0
@@ -448,10 +472,11 @@ for wl in wls:
         cs = "%.1f" % c if s != "rbd-bench" else "-"
         ccs = "%.1f" % cc if s not in ("librbd", "rbd-bench") else "-"
         bs = "%.2f" % busy if s != "rbd-bench" else "-"
+        cl = "%.1f" % statistics.median(r[6] for r in v)
         if s == "rbd-bench":
-            pc = "-"
-        lines.append("| %s | %s | %.0f | %.1f | %s | %s | %s | %s | %s | %s |"
-                     % (wl, s, i, m, cs, ccs, bs, pc, ri, rc))
+            pc = cl = "-"
+        lines.append("| %s | %s | %.0f | %.1f | %s | %s | %s | %s | %s | %s | %s |"
+                     % (wl, s, i, m, cs, ccs, cl, bs, pc, ri, rc))
 open(out, "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
