@@ -557,13 +557,12 @@ default_shards (void)
     size_t size = CPU_ALLOC_SIZE (ncpus);
     if (set == NULL)
       break;
-    if (sched_getaffinity (0, size, set) == 0) {
-      int n = CPU_COUNT_S (size, set);
-      CPU_FREE (set);
-      return n > 0 ? n : 1;
-    }
+    int r = sched_getaffinity (0, size, set), err = errno;
+    int n = r == 0 ? CPU_COUNT_S (size, set) : 0;
     CPU_FREE (set);
-    if (errno != EINVAL)              /* EINVAL: the kernel's mask is larger */
+    if (r == 0)
+      return n > 0 ? n : 1;
+    if (err != EINVAL)                /* EINVAL: the kernel's mask is larger */
       break;
   }
   long online = sysconf (_SC_NPROCESSORS_ONLN);
