@@ -162,7 +162,8 @@ usage (FILE *f)
 "  -V, --version          print the version and exit\n"
 "\n"
 "Engine:\n"
-"      --shards N         event-loop threads, one per core (default: the CPUs it may run on)\n"
+"      --shards N         event-loop threads, one per core (default: the CPUs it may run on,\n"
+"                         as many as --iobuf-mem holds)\n"
 "      --poll-us N        while requests come closer together than N us, look\n"
 "                         for the next one that long before sleeping in epoll\n"
 "                         (default 50; 0: always sleep at once)\n"
@@ -549,6 +550,8 @@ start_run_command (void)
  * that is fewer than the machine's online CPUs, and a second loop on the
  * same CPU would only add wake-ups.  A CPU quota (cgroup cpu.max) is not
  * an affinity and is not read here: --shards says it. */
+enum { MAX_SHARDS = 1024 };
+
 static int
 default_shards (void)
 {
@@ -561,18 +564,19 @@ default_shards (void)
     int n = r == 0 ? CPU_COUNT_S (size, set) : 0;
     CPU_FREE (set);
     if (r == 0)
-      return n > 0 ? n : 1;
+      return n < 1 ? 1 : n > MAX_SHARDS ? MAX_SHARDS : n;
     if (err != EINVAL)                /* EINVAL: the kernel's mask is larger */
       break;
   }
   long online = sysconf (_SC_NPROCESSORS_ONLN);
-  return online > 0 ? (int) online : 1;
+  return online < 1 ? 1 : online > MAX_SHARDS ? MAX_SHARDS : (int) online;
 }
 
 int
 main (int argc, char **argv)
 {
   bool dump = false, help = false, print_uri = false, exit_with_parent = false;
+  bool shards_given = false;
   const char *user = NULL, *group = NULL;
   pid_t parent = getppid ();
   int c, exit_code = EXIT_SUCCESS;
@@ -626,7 +630,10 @@ main (int argc, char **argv)
     case 'V': printf ("blkd %s\n", BLKD_VERSION); return EXIT_SUCCESS;
     case OPT_RUN: cfg.run_cmd = optarg; cfg.foreground = true; break;
     case OPT_DUMP_PLUGIN: dump = true; break;
-    case OPT_SHARDS: cfg.shards = parse_int_opt ("--shards", optarg, 1, 1024); break;
+    case OPT_SHARDS:
+      cfg.shards = parse_int_opt ("--shards", optarg, 1, MAX_SHARDS);
+      shards_given = true;
+      break;
     case OPT_POLL_US: cfg.poll_us = parse_int_opt ("--poll-us", optarg, 0, 1000000); break;
     case OPT_MAX_REQUEST:
       cfg.max_request = parse_size_opt ("--max-request", optarg, 512, 1u << 30);
@@ -793,7 +800,17 @@ main (int argc, char **argv)
   }
 
   /* Every buffer must fit a shard's share, twice over, or one request
-   * could wait forever for memory held by nobody. */
+   * could wait forever for memory held by nobody.  A default shard count
+   * gives way to that (1G holds 16 shards of 32M requests; a larger
+   * machine would otherwise not start); one the user gave does not. */
+  uint64_t shards_fit = iobuf_mem / (2ull * cfg.max_request);
+  if (!shards_given && shards_fit >= 1 && (uint64_t) cfg.shards > shards_fit) {
+    log_info ("%d CPUs, but --iobuf-mem %llu holds 2 x --max-request for %llu shards: "
+              "starting %llu (more need a larger --iobuf-mem)", cfg.shards,
+              (unsigned long long) iobuf_mem, (unsigned long long) shards_fit,
+              (unsigned long long) shards_fit);
+    cfg.shards = (int) shards_fit;
+  }
   if (iobuf_mem / cfg.shards < 2ull * cfg.max_request) {
     fprintf (stderr, "blkd: --iobuf-mem must be at least 2 x --max-request per shard "
              "(%llu bytes here)\n", 2ull * cfg.max_request * cfg.shards);

@@ -285,25 +285,55 @@ def shard_threads(pid):
     return sum(1 for n in names if re.fullmatch(r"blkd\.s\d+", n))
 
 
-mine = sorted(os.sched_getaffinity(0))
-for cpus in (set(mine), {mine[0]}):
-    sock = os.path.join(TMP, "shards%d.sock" % len(cpus))
-    log = open(os.path.join(TMP, "shards%d.log" % len(cpus)), "w")
-    srv = subprocess.Popen([BLKD, "-f", "-U", sock, "memory", "1M"], stdout=log, stderr=log,
-                           preexec_fn=lambda c=cpus: os.sched_setaffinity(0, c))
+def shards_started(args, cpus, what):
+    """Start blkd with args on the CPU set cpus; (its "(N shards)" count,
+    its threads named blkd.sN once that many have named themselves)."""
+    sock = os.path.join(TMP, "shards.%d.sock" % shards_started.n)
+    logpath = os.path.join(TMP, "shards.%d.log" % shards_started.n)
+    shards_started.n += 1
+    with open(logpath, "w") as log:
+        srv = subprocess.Popen([BLKD, "-f", "-U", sock] + args + ["memory", "1M"],
+                               stdout=log, stderr=log,
+                               preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     try:
-        wait_for(lambda: os.path.exists(sock), "blkd listening")
-        h = nbd.NBD()
-        h.connect_unix(sock)               # served: every loop has started
-        h.shutdown()
-        del h
-        check_eq(shard_threads(srv.pid), len(cpus),
-                 "event loops of blkd started on %d CPU(s) of %d" % (len(cpus), len(mine)))
+        wait_for(lambda: os.path.exists(sock) or srv.poll() is not None,
+                 "%s: blkd listening" % what)
+        if srv.poll() is not None:
+            fail("%s: blkd exited %d: %s" % (what, srv.returncode, open(logpath).read()))
+        m = re.search(r"\((\d+) shards\)", open(logpath).read())
+        if not m:
+            fail("%s: no shard count in blkd's log: %s" % (what, open(logpath).read()))
+        n = int(m.group(1))
+        # Each loop names itself when its thread first runs.
+        wait_for(lambda: shard_threads(srv.pid) >= n, "%s: %d loops named" % (what, n))
+        return n, shard_threads(srv.pid), open(logpath).read()
     finally:
         srv.send_signal(signal.SIGTERM)
         srv.wait(timeout=LIMIT)
+
+
+shards_started.n = 0
+mine = set(os.sched_getaffinity(0))
+one = {min(mine)}
+for cpus in (mine, one):
+    what = "blkd started on %d CPU(s) of %d" % (len(cpus), len(mine))
+    n, threads, _ = shards_started([], cpus, what)
+    check_eq(n, len(cpus), what + ": shards")
+    check_eq(threads, len(cpus), what + ": event-loop threads")
 if len(mine) == 1:
     note("this process may run on one CPU only: both cases expect one loop")
+
+print("# --shards by default gives way to --iobuf-mem; one that is given does not")
+# 1G holds 2 x 512M for one shard only.
+n, threads, log = shards_started(["--max-request", "512M"], mine, "--max-request 512M")
+check(n == 1 and threads == 1, "--max-request 512M on %d CPU(s): starts, with one shard"
+      % len(mine), "%d shards, %d threads" % (n, threads))
+if len(mine) > 1:
+    check("holds 2 x --max-request for 1 shards" in log, "and its log says why", log)
+r = subprocess.run([BLKD, "--shards", "2", "--max-request", "512M", "-U", "-", "memory", "1M",
+                    "--run", "true"], capture_output=True, text=True, timeout=LIMIT)
+check(r.returncode != 0 and "--iobuf-mem must be at least" in r.stderr,
+      "--shards 2 --max-request 512M: refused", r.stderr)
 
 print("# --help and README cover every option blkd accepts")
 src = open(os.path.join(TOP, "server", "main.c")).read()
