@@ -81,9 +81,9 @@
 # per pass) falls back to the next free block as a pass fills, so late in
 # each pass it writes neighbours of recent writes, and librbd's I/O
 # scheduler (rbd_io_scheduler=simple) merges those into one object op:
-# fio's rbd engine then sent 0.85 OSD ops per 4 KiB write and ran 1.2x the
-# rate it runs with the map off or with the scheduler off, against blkperf's
-# one op per write (2026-12-02, docs/RBD.md).
+# fio's rbd engine then sent 0.85 OSD ops per 4 KiB write and ran 1.17x the
+# rate it runs with the map off (0.98 ops per write) or the scheduler off
+# (1.00) (2026-12-02, docs/RBD.md).
 #
 # Images are created with only layering,exclusive-lock: with fast-diff (and the
 # object map), qemu's rbd driver asks rbd_diff_iterate2 on every read, which is
@@ -234,7 +234,8 @@ has nbdkit-py && start nbdkit-py nbdkit -f -i 127.0.0.1 -p @PORT@ python "$TOP/b
   conf="$CEPH_CONF" image=img-nbdkit-py
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-# cluster_ticks: the cluster's daemons' CPU ticks so far (mon, OSD, mgr).
+# cluster_ticks: the cluster's daemons' CPU ticks so far (mon and OSD; a mgr
+# too, if one was started).
 cluster_ticks() {
   local f n=0 t
   for f in "$W"/ceph/run/*.pid; do
@@ -259,7 +260,7 @@ thread_snap() {
   done >"$2"
 }
 HZ=$(getconf CLK_TCK)
-NCPU=$(nproc)
+NCPU=$(getconf _NPROCESSORS_ONLN)   # /proc/stat's "cpu" line: every online CPU
 # busy_ticks: the machine's busy and total CPU ticks so far, as BUSY:TOTAL,
 # then each CPU's, all comma-separated.
 busy_ticks() {
