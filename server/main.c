@@ -545,13 +545,13 @@ start_run_command (void)
   return 0;
 }
 
+enum { MAX_SHARDS = 1024 };             /* --shards' bound */
+
 /* One event loop per CPU this process may run on: under taskset, systemd's
  * CPUAffinity= or a container's cpuset (Kubernetes' static CPU manager)
  * that is fewer than the machine's online CPUs, and a second loop on the
  * same CPU would only add wake-ups.  A CPU quota (cgroup cpu.max) is not
  * an affinity and is not read here: --shards says it. */
-enum { MAX_SHARDS = 1024 };
-
 static int
 default_shards (void)
 {

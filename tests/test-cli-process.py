@@ -296,14 +296,14 @@ def shards_started(args, cpus, what):
                                stdout=log, stderr=log,
                                preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     try:
-        wait_for(lambda: os.path.exists(sock) or srv.poll() is not None,
-                 "%s: blkd listening" % what)
+        # The "serving ... (N shards)" line comes once the shards run, after
+        # the socket is bound.
+        count = re.compile(r"\((\d+) shards\)")
+        wait_for(lambda: count.search(open(logpath).read()) or srv.poll() is not None,
+                 "%s: blkd serving" % what)
         if srv.poll() is not None:
             fail("%s: blkd exited %d: %s" % (what, srv.returncode, open(logpath).read()))
-        m = re.search(r"\((\d+) shards\)", open(logpath).read())
-        if not m:
-            fail("%s: no shard count in blkd's log: %s" % (what, open(logpath).read()))
-        n = int(m.group(1))
+        n = int(count.search(open(logpath).read()).group(1))
         # Each loop names itself when its thread first runs.
         wait_for(lambda: shard_threads(srv.pid) >= n, "%s: %d loops named" % (what, n))
         return n, shard_threads(srv.pid), open(logpath).read()
