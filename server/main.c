@@ -555,21 +555,22 @@ enum { MAX_SHARDS = 1024 };             /* --shards' bound */
 static int
 default_shards (void)
 {
-  for (int ncpus = 1024; ncpus <= 1 << 16; ncpus *= 2) {
+  long n = -1;
+  for (int ncpus = 1024; n < 0 && ncpus <= 1 << 16; ncpus *= 2) {
     cpu_set_t *set = CPU_ALLOC (ncpus);
     size_t size = CPU_ALLOC_SIZE (ncpus);
     if (set == NULL)
       break;
     int r = sched_getaffinity (0, size, set), err = errno;
-    int n = r == 0 ? CPU_COUNT_S (size, set) : 0;
-    CPU_FREE (set);
     if (r == 0)
-      return n < 1 ? 1 : n > MAX_SHARDS ? MAX_SHARDS : n;
-    if (err != EINVAL)                /* EINVAL: the kernel's mask is larger */
+      n = CPU_COUNT_S (size, set);
+    CPU_FREE (set);
+    if (r != 0 && err != EINVAL)      /* EINVAL: the kernel's mask is larger */
       break;
   }
-  long online = sysconf (_SC_NPROCESSORS_ONLN);
-  return online < 1 ? 1 : online > MAX_SHARDS ? MAX_SHARDS : (int) online;
+  if (n < 1)
+    n = sysconf (_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : n > MAX_SHARDS ? MAX_SHARDS : (int) n;
 }
 
 int
@@ -805,10 +806,9 @@ main (int argc, char **argv)
    * machine would otherwise not start); one the user gave does not. */
   uint64_t shards_fit = iobuf_mem / (2ull * cfg.max_request);
   if (!shards_given && shards_fit >= 1 && (uint64_t) cfg.shards > shards_fit) {
-    log_info ("%d CPUs, but --iobuf-mem %llu holds 2 x --max-request for %llu shards: "
-              "starting %llu (more need a larger --iobuf-mem)", cfg.shards,
-              (unsigned long long) iobuf_mem, (unsigned long long) shards_fit,
-              (unsigned long long) shards_fit);
+    log_info ("--iobuf-mem %llu holds 2 x --max-request for %llu shards: starting "
+              "that many, not one per CPU (%d); a larger --iobuf-mem runs more",
+              (unsigned long long) iobuf_mem, (unsigned long long) shards_fit, cfg.shards);
     cfg.shards = (int) shards_fit;
   }
   if (iobuf_mem / cfg.shards < 2ull * cfg.max_request) {
