@@ -54,6 +54,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -329,6 +330,26 @@ rbdp_ceph_opt_given (const char *key)
   return false;
 }
 
+/* May this process run on at most two CPUs (its affinity mask: taskset,
+ * systemd's CPUAffinity=, a container's cpuset)?  There librbd's second
+ * io_context_pool thread costs more than it gives: the two wake each
+ * other for every request and its completion, on CPUs the shards (and,
+ * on a shared host, the OSDs) need.  Measured on two CPUs against Ceph's
+ * default of two threads (docs/RBD.md), one was faster or level in most
+ * workloads at less CPU per request, and slower for 1 MiB writes in some
+ * runs; with more CPUs one thread doing all of librbd's work may become
+ * the cap, which this machine cannot show, so Ceph's default stays there.  A mask too large for
+ * cpu_set_t (EINVAL) means many CPUs. */
+static bool
+rbdp_few_cpus (void)
+{
+  cpu_set_t set;
+
+  if (sched_getaffinity (0, sizeof set, &set) == -1)
+    return false;
+  return CPU_COUNT (&set) <= 2;
+}
+
 /* Who dispatches: librbd maps each aio call to object ops either on its
  * own io_context_pool thread (rbd_non_blocking_aio=true, Ceph's default
  * and the plugin's: dispatch=librbd) or on the calling thread (false:
@@ -336,8 +357,9 @@ rbdp_ceph_opt_given (const char *key)
  * at 1, the one librbd thread left only runs completions: 4 KiB reads
  * take less CPU per request, but 4 KiB writes at depth take more
  * (docs/RBD.md), so it is a choice, not the default.  The plugin sets
- * rbd_non_blocking_aio from dispatch= (and, for caller,
- * librados_thread_count=1), over ceph.conf and CEPH_ARGS;
+ * rbd_non_blocking_aio from dispatch= (and librados_thread_count=1 for
+ * caller, or on at most two CPUs: rbdp_few_cpus), over ceph.conf and
+ * CEPH_ARGS;
  * librados_thread_count given as a parameter wins, and
  * rbd_non_blocking_aio as a parameter is refused (rbdp_config).
  *
@@ -377,8 +399,13 @@ rbdp_apply_ceph_opts (void)
 
   if (rbdp_set ("rbd_non_blocking_aio", rbdp_dispatch_caller ? "false" : "true") == -1)
     return -1;
-  if (rbdp_dispatch_caller && rbdp_set ("librados_thread_count", "1") == -1)
+  bool few_cpus = rbdp_few_cpus ();
+  if ((rbdp_dispatch_caller || few_cpus)
+      && rbdp_set ("librados_thread_count", "1") == -1)
     return -1;
+  if (few_cpus && !rbdp_dispatch_caller && !rbdp_ceph_opt_given ("librados_thread_count"))
+    nbdkit_debug ("rbd: at most two CPUs to run on: one librbd io_context_pool thread "
+                  "(librados_thread_count=2 for Ceph's default)");
   for (i = 0; i < rbdp_n_ceph_opts; i++)
     if (rbdp_set (rbdp_ceph_opts[i].key, rbdp_ceph_opts[i].value) == -1)
       return -1;

@@ -115,7 +115,8 @@ if nbdpy "$URI" 'h.pwrite(b"x", 0)' 2>"$TMP/ro.err"; then fail "a write to a sna
 grep -qiE 'read-only|EPERM|EROFS' "$TMP/ro.err" || fail "a refused write said: $(cat "$TMP/ro.err")"
 
 # What the cluster handle gets (the debug line says): Ceph's defaults with
-# dispatch=librbd, the default; with dispatch=caller one librbd thread and
+# dispatch=librbd, the default (but one io_context_pool thread on at most
+# two CPUs); with dispatch=caller one librbd thread and
 # librados' throttle off, the plugin's count in its place; a parameter over
 # the plugin's choice.  Then an image whose own rbd config makes the caller
 # dispatch while librados' throttle counts alone (the default): its
@@ -132,9 +133,27 @@ if [ "$PLUGIN_HOST" = blkd ] && [ -z "${RBD_EXTRA:-}" ]; then
   img2_now=$(rbd_ export img2 - 2>/dev/null | md5sum | cut -d' ' -f1)
   stop_server
   : >"$TMP/server.log"
+  # One librbd io_context_pool thread where blkd may run on at most two
+  # CPUs, Ceph's two elsewhere; a parameter wins either way.
+  if [ "$(nproc)" -le 2 ]; then default_threads=1; else default_threads=2; fi
   start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2
+  logged "dispatch=librbd, librados_thread_count=$default_threads, librados' throttle alone"
+  stop_server
+  : >"$TMP/server.log"
+  start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2 librados_thread_count=2
   logged "dispatch=librbd, librados_thread_count=2, librados' throttle alone"
   stop_server
+  if [ "$(nproc)" -gt 2 ]; then
+    cpus_before=$(taskset -pc $$ | sed 's/.*: //')
+    taskset -pc "$(taskset -pc $$ | sed 's/.*: //; s/[,-].*//')" $$ >/dev/null
+    : >"$TMP/server.log"
+    start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2
+    taskset -pc "$cpus_before" $$ >/dev/null
+    logged "dispatch=librbd, librados_thread_count=1, librados' throttle alone"
+    stop_server
+  else
+    echo "$(nproc) CPUs here: Ceph's two io_context_pool threads (more than two CPUs) not seen"
+  fi
   : >"$TMP/server.log"
   start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2 dispatch=caller
   logged "dispatch=caller, librados_thread_count=1, aio path caps 1024 ops, 104857600 bytes (librados' throttle off)"
