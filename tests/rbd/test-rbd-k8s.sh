@@ -62,6 +62,12 @@ assert found.get(args["conf"]) == "ceph.conf", (args, found)
 assert found.get(args["keyring"]) == "keyring", (args, found)
 assert "[client.%s]" % args["id"] in sec["stringData"]["keyring"], "keyring section for id="
 assert "mon host" in sec["stringData"]["ceph.conf"]
+# A CPU limit is a quota that neither blkd nor the plugin can see: the
+# ConfigMap sets what each would choose on that many CPUs of its own.
+limit = int(c["resources"]["limits"]["cpu"])
+assert data["BLKD_SHARDS"] == str(limit), (data["BLKD_SHARDS"], limit)
+if limit <= 2:
+    assert args.get("librados_thread_count") == "1", args
 with open(envfile, "w") as fh:
     for k, v in data.items():
         fh.write("%s=%s\n" % (k, shlex.quote(v)))
