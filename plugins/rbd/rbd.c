@@ -330,24 +330,45 @@ rbdp_ceph_opt_given (const char *key)
   return false;
 }
 
-/* May this process run on at most two CPUs (its affinity mask: taskset,
- * systemd's CPUAffinity=, a container's cpuset)?  There librbd's second
- * io_context_pool thread costs more than it gives: the two wake each
- * other for every request and its completion, on CPUs the shards (and,
- * on a shared host, the OSDs) need.  Measured on two CPUs against Ceph's
- * default of two threads (docs/RBD.md), one was faster or level in most
- * workloads at less CPU per request, and slower for 1 MiB writes in some
- * runs; with more CPUs one thread doing all of librbd's work may become
- * the cap, which this machine cannot show, so Ceph's default stays there.  A mask too large for
- * cpu_set_t (EINVAL) means many CPUs. */
-static bool
-rbdp_few_cpus (void)
+/* How many CPUs may this thread run on (its affinity mask, inherited from
+ * the process: taskset, systemd's CPUAffinity=, a container's cpuset)?
+ * 0 where the mask cannot be read, or is too large for cpu_set_t
+ * (EINVAL): many CPUs. */
+static int
+rbdp_allowed_cpus (void)
 {
   cpu_set_t set;
 
   if (sched_getaffinity (0, sizeof set, &set) == -1)
-    return false;
-  return CPU_COUNT (&set) <= 2;
+    return 0;
+  return CPU_COUNT (&set);
+}
+
+/* librbd's io_context_pool threads (librados_thread_count) on a small
+ * gateway.  On at most two CPUs Ceph's two threads cost more than they
+ * give: they wake each other for every request and its completion, on
+ * CPUs the shards (and, on a shared host, the OSDs) need.  Measured under
+ * blkd on two CPUs (docs/RBD.md), one thread was faster or level in most
+ * workloads at less CPU per request, and slower for 1 MiB writes in the
+ * latest runs.  With more CPUs one thread doing all of librbd's work may
+ * become the cap, which a two-CPU machine cannot show, so Ceph's default
+ * stays there.  A count other than Ceph's 2 already set (ceph.conf,
+ * CEPH_ARGS) is the user's and stays; a plugin parameter is applied after
+ * this and wins.  Under nbdkit the same holds (not measured there). */
+static int
+rbdp_small_gateway_threads (void)
+{
+  int cpus = rbdp_allowed_cpus ();
+
+  if (cpus == 0 || cpus > 2 || rbdp_get_u64 ("librados_thread_count") != 2)
+    return 0;
+  if (rbdp_set ("librados_thread_count", "1") == -1)
+    return -1;
+  if (!rbdp_ceph_opt_given ("librados_thread_count"))
+    nbdkit_debug ("rbd: %d CPU%s to run on: one librbd io_context_pool thread "
+                  "(give librados_thread_count=2 for Ceph's default)",
+                  cpus, cpus == 1 ? "" : "s");
+  return 0;
 }
 
 /* Who dispatches: librbd maps each aio call to object ops either on its
@@ -358,8 +379,8 @@ rbdp_few_cpus (void)
  * take less CPU per request, but 4 KiB writes at depth take more
  * (docs/RBD.md), so it is a choice, not the default.  The plugin sets
  * rbd_non_blocking_aio from dispatch= (and librados_thread_count=1 for
- * caller, or on at most two CPUs: rbdp_few_cpus), over ceph.conf and
- * CEPH_ARGS;
+ * caller, or on at most two CPUs: rbdp_small_gateway_threads), over
+ * ceph.conf and CEPH_ARGS;
  * librados_thread_count given as a parameter wins, and
  * rbd_non_blocking_aio as a parameter is refused (rbdp_config).
  *
@@ -399,13 +420,10 @@ rbdp_apply_ceph_opts (void)
 
   if (rbdp_set ("rbd_non_blocking_aio", rbdp_dispatch_caller ? "false" : "true") == -1)
     return -1;
-  bool few_cpus = rbdp_few_cpus ();
-  if ((rbdp_dispatch_caller || few_cpus)
-      && rbdp_set ("librados_thread_count", "1") == -1)
+  if (rbdp_dispatch_caller && rbdp_set ("librados_thread_count", "1") == -1)
     return -1;
-  if (few_cpus && !rbdp_dispatch_caller && !rbdp_ceph_opt_given ("librados_thread_count"))
-    nbdkit_debug ("rbd: at most two CPUs to run on: one librbd io_context_pool thread "
-                  "(librados_thread_count=2 for Ceph's default)");
+  if (!rbdp_dispatch_caller && rbdp_small_gateway_threads () == -1)
+    return -1;
   for (i = 0; i < rbdp_n_ceph_opts; i++)
     if (rbdp_set (rbdp_ceph_opts[i].key, rbdp_ceph_opts[i].value) == -1)
       return -1;

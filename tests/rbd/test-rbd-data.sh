@@ -134,25 +134,39 @@ if [ "$PLUGIN_HOST" = blkd ] && [ -z "${RBD_EXTRA:-}" ]; then
   stop_server
   : >"$TMP/server.log"
   # One librbd io_context_pool thread where blkd may run on at most two
-  # CPUs, Ceph's two elsewhere; a parameter wins either way.
-  if [ "$(nproc)" -le 2 ]; then default_threads=1; else default_threads=2; fi
-  start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2
-  logged "dispatch=librbd, librados_thread_count=$default_threads, librados' throttle alone"
-  stop_server
-  : >"$TMP/server.log"
-  start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2 librados_thread_count=2
-  logged "dispatch=librbd, librados_thread_count=2, librados' throttle alone"
-  stop_server
-  if [ "$(nproc)" -gt 2 ]; then
+  # CPUs (its affinity mask), Ceph's two elsewhere; a count other than
+  # Ceph's 2 from CEPH_ARGS (or ceph.conf) stays, and a parameter wins.
+  threads_seen() {     # threads_seen EXPECTED [SERVER ARGS...]
+    local want=$1; shift
+    : >"$TMP/server.log"
+    start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2 "$@"
+    logged "dispatch=librbd, librados_thread_count=$want, librados' throttle alone"
+    stop_server
+  }
+  cpus=$($PY -c 'import os; print(len(os.sched_getaffinity(0)))')
+  if [ "$cpus" -le 2 ]; then
+    threads_seen 1
+    logged "rbd: $cpus CPUs\? to run on: one librbd io_context_pool thread"
+  else
+    threads_seen 2
+  fi
+  threads_seen 3 librados_thread_count=3
+  export CEPH_ARGS="--librados_thread_count=4"
+  threads_seen 4
+  unset CEPH_ARGS
+  if [ "$cpus" -gt 2 ] && command -v taskset >/dev/null; then
+    # The first two CPUs of the mask: the largest count that gets one thread.
     cpus_before=$(taskset -pc $$ | sed 's/.*: //')
-    taskset -pc "$(taskset -pc $$ | sed 's/.*: //; s/[,-].*//')" $$ >/dev/null
+    two=$($PY -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0))[:2])))')
+    taskset -pc "$two" $$ >/dev/null
     : >"$TMP/server.log"
     start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2
     taskset -pc "$cpus_before" $$ >/dev/null
     logged "dispatch=librbd, librados_thread_count=1, librados' throttle alone"
+    logged "rbd: 2 CPUs to run on: one librbd io_context_pool thread"
     stop_server
   else
-    echo "$(nproc) CPUs here: Ceph's two io_context_pool threads (more than two CPUs) not seen"
+    echo "$cpus CPUs here (or no taskset): the default on more than two CPUs, Ceph's two threads, not seen"
   fi
   : >"$TMP/server.log"
   start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2 dispatch=caller

@@ -64,10 +64,10 @@ assert "[client.%s]" % args["id"] in sec["stringData"]["keyring"], "keyring sect
 assert "mon host" in sec["stringData"]["ceph.conf"]
 # A CPU limit is a quota that neither blkd nor the plugin can see: the
 # ConfigMap sets what each would choose on that many CPUs of its own.
-limit = int(c["resources"]["limits"]["cpu"])
+cpu = str(c["resources"]["limits"]["cpu"])
+limit = -(-int(cpu[:-1]) // 1000) if cpu.endswith("m") else int(-(-float(cpu) // 1))
 assert data["BLKD_SHARDS"] == str(limit), (data["BLKD_SHARDS"], limit)
-if limit <= 2:
-    assert args.get("librados_thread_count") == "1", args
+assert (args.get("librados_thread_count") == "1") == (limit <= 2), (args, limit)
 with open(envfile, "w") as fh:
     for k, v in data.items():
         fh.write("%s=%s\n" % (k, shlex.quote(v)))
