@@ -25,6 +25,7 @@
 #include <nbdkit-plugin.h>
 
 #include "internal.h"
+#include "affinity.h"
 #include "delayacct.h"
 #include "metrics.h"
 
@@ -555,19 +556,7 @@ enum { MAX_SHARDS = 1024 };             /* --shards' bound */
 static int
 default_shards (void)
 {
-  long n = -1;
-  for (int ncpus = 1024; n < 0 && ncpus <= 1 << 16; ncpus *= 2) {
-    cpu_set_t *set = CPU_ALLOC (ncpus);
-    size_t size = CPU_ALLOC_SIZE (ncpus);
-    if (set == NULL)
-      break;
-    int r = sched_getaffinity (0, size, set), err = errno;
-    if (r == 0)
-      n = CPU_COUNT_S (size, set);
-    CPU_FREE (set);
-    if (r != 0 && err != EINVAL)      /* EINVAL: the kernel's mask is larger */
-      break;
-  }
+  long n = affinity_cpu_count ();
   if (n < 1)
     n = sysconf (_SC_NPROCESSORS_ONLN);
   return n < 1 ? 1 : n > MAX_SHARDS ? MAX_SHARDS : (int) n;

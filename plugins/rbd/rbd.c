@@ -47,6 +47,7 @@
 #include <nbdkit-plugin.h>
 
 #include "blkd-plugin.h"
+#include "affinity.h"
 
 #include <rados/librados.h>
 #include <rbd/librbd.h>
@@ -54,7 +55,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -330,20 +330,6 @@ rbdp_ceph_opt_given (const char *key)
   return false;
 }
 
-/* How many CPUs may this thread run on (its affinity mask, inherited from
- * the process: taskset, systemd's CPUAffinity=, a container's cpuset)?
- * 0 where the mask cannot be read, or is too large for cpu_set_t
- * (EINVAL): many CPUs. */
-static int
-rbdp_allowed_cpus (void)
-{
-  cpu_set_t set;
-
-  if (sched_getaffinity (0, sizeof set, &set) == -1)
-    return 0;
-  return CPU_COUNT (&set);
-}
-
 /* librbd's io_context_pool threads (librados_thread_count) on a small
  * gateway.  On at most two CPUs Ceph's two threads cost more than they
  * give: they wake each other for every request and its completion, on
@@ -354,18 +340,21 @@ rbdp_allowed_cpus (void)
  * become the cap, which a two-CPU machine cannot show, so Ceph's default
  * stays there.  A count other than Ceph's 2 already set (ceph.conf,
  * CEPH_ARGS) is the user's and stays; a plugin parameter is applied after
- * this and wins.  Under nbdkit the same holds (not measured there). */
+ * this and wins.  Limits: a 2 set there reads as Ceph's default, and a
+ * count in the monitors' config database, fetched while connecting, loses
+ * to this (rados_conf_set ranks above it).  Under nbdkit the same holds
+ * (not measured there). */
 static int
 rbdp_small_gateway_threads (void)
 {
-  int cpus = rbdp_allowed_cpus ();
+  long cpus = affinity_cpu_count ();
 
-  if (cpus == 0 || cpus > 2 || rbdp_get_u64 ("librados_thread_count") != 2)
+  if (cpus < 1 || cpus > 2 || rbdp_get_u64 ("librados_thread_count") != 2)
     return 0;
   if (rbdp_set ("librados_thread_count", "1") == -1)
     return -1;
   if (!rbdp_ceph_opt_given ("librados_thread_count"))
-    nbdkit_debug ("rbd: %d CPU%s to run on: one librbd io_context_pool thread "
+    nbdkit_debug ("rbd: %ld CPU%s to run on: one librbd io_context_pool thread "
                   "(give librados_thread_count=2 for Ceph's default)",
                   cpus, cpus == 1 ? "" : "s");
   return 0;

@@ -135,36 +135,37 @@ if [ "$PLUGIN_HOST" = blkd ] && [ -z "${RBD_EXTRA:-}" ]; then
   : >"$TMP/server.log"
   # One librbd io_context_pool thread where blkd may run on at most two
   # CPUs (its affinity mask), Ceph's two elsewhere; a count other than
-  # Ceph's 2 from CEPH_ARGS (or ceph.conf) stays, and a parameter wins.
+  # Ceph's 2 from CEPH_ARGS (or ceph.conf) stays, and a parameter wins,
+  # 2 included.  Run on the CPUs this test has, and where it has more,
+  # pinned to the first two (the most that get one thread) and three.
   threads_seen() {     # threads_seen EXPECTED [SERVER ARGS...]
     local want=$1; shift
     : >"$TMP/server.log"
     start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2 "$@"
     logged "dispatch=librbd, librados_thread_count=$want, librados' throttle alone"
+  }
+  thread_cases() {     # thread_cases CPUS: with this shell's mask at CPUS
+    if [ "$1" -le 2 ]; then
+      threads_seen 1
+      logged "rbd: $1 CPUs\? to run on: one librbd io_context_pool thread"
+    else
+      threads_seen 2
+    fi
     stop_server
+    threads_seen 2 librados_thread_count=2; stop_server
+    threads_seen 3 librados_thread_count=3; stop_server
+    CEPH_ARGS="--librados_thread_count=4" threads_seen 4; stop_server
   }
   cpus=$($PY -c 'import os; print(len(os.sched_getaffinity(0)))')
-  if [ "$cpus" -le 2 ]; then
-    threads_seen 1
-    logged "rbd: $cpus CPUs\? to run on: one librbd io_context_pool thread"
-  else
-    threads_seen 2
-  fi
-  threads_seen 3 librados_thread_count=3
-  export CEPH_ARGS="--librados_thread_count=4"
-  threads_seen 4
-  unset CEPH_ARGS
+  thread_cases "$cpus"
   if [ "$cpus" -gt 2 ] && command -v taskset >/dev/null; then
-    # The first two CPUs of the mask: the largest count that gets one thread.
     cpus_before=$(taskset -pc $$ | sed 's/.*: //')
-    two=$($PY -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0))[:2])))')
-    taskset -pc "$two" $$ >/dev/null
-    : >"$TMP/server.log"
-    start_server blkd -v "$RBD_SO" conf="$CEPH_CONF" id=blkd image=img2
-    taskset -pc "$cpus_before" $$ >/dev/null
-    logged "dispatch=librbd, librados_thread_count=1, librados' throttle alone"
-    logged "rbd: 2 CPUs to run on: one librbd io_context_pool thread"
-    stop_server
+    for n in 2 3; do
+      first=$($PY -c 'import os, sys; print(",".join(map(str, sorted(os.sched_getaffinity(0))[:int(sys.argv[1])])))' "$n")
+      taskset -pc "$first" $$ >/dev/null
+      thread_cases "$n"
+      taskset -pc "$cpus_before" $$ >/dev/null
+    done
   else
     echo "$cpus CPUs here (or no taskset): the default on more than two CPUs, Ceph's two threads, not seen"
   fi

@@ -84,7 +84,8 @@ out=$(set -a; . "$TMP/env"; BLKD_DRY_RUN=1 BLKD_PLUGINDIR="$TMP/plugins" BLKD_BI
       "$TOP/deploy/entrypoint.sh")
 echo "$out"
 for want in "$TMP/plugins/nbdkit-rbd-plugin.so" conf=/etc/ceph/ceph.conf keyring=/etc/ceph/keyring \
-            id=blkd pool=rbd image=disk0 "--metrics 0.0.0.0:9100" "-p 10809"; do
+            id=blkd pool=rbd image=disk0 librados_thread_count=1 "--shards 1" \
+            "--metrics 0.0.0.0:9100" "-p 10809"; do
   case " $out " in *" $want "*) ;; *) fail "entrypoint command lacks '$want'" ;; esac
 done
 echo ok
