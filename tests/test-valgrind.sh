@@ -2,7 +2,8 @@
 # blkd under valgrind's memcheck, through what a server's day holds: many
 # connections copying data in and out, TLS with certificates and with a
 # wrong key, a filter stack, metrics scraped, block status, clients that
-# send garbage or hang up halfway through a write's payload, then SIGTERM.
+# send garbage or hang up halfway through a write's payload, the engine's
+# other modes and its cache on a file, then SIGTERM.
 # Memcheck must report no error (no invalid access, no uninitialised value
 # that decides a branch or reaches a syscall) and no definite or indirect
 # leak at exit, and no descriptor blkd opened may be left open.
@@ -87,3 +88,14 @@ nbdinfo "nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$T/wrong.psk" >/dev/null 2>&
   fail "a wrong PSK was let in"
 nbdinfo "nbd://127.0.0.1:$PORT/" >/dev/null 2>&1 && fail "a plaintext client was let in"
 valgrind_stop "TLS, blocksize and cache filters"
+
+echo "# rawio on a file over a Unix socket, the seeds' before switches and the cache"
+truncate -s 32M "$TMP/disk.img"
+start_server_unix --dispatch worker --queue global --iobuf calloc --delayacct locked \
+  --cache 4M --cache-mode writeback --cache-ctor yes rawio file="$TMP/disk.img"
+nbdcopy --flush --connections=2 "$TMP/in.img" "$URI" || fail "nbdcopy into rawio"
+nbdcopy --connections=2 "$URI" "$TMP/out3.img" || fail "nbdcopy out of rawio"
+cmp -n $((12 << 20)) "$TMP/in.img" "$TMP/out3.img" || fail "rawio read back differs"
+valgrind_stop "rawio, worker dispatch, global queue, calloc buffers, writeback cache"
+cmp -n $((12 << 20)) "$TMP/in.img" "$TMP/disk.img" || fail "the file does not hold what was written"
+ok "the file holds what was written"
