@@ -97,14 +97,22 @@ bp_plot_lat_block (FILE *f, const struct bp_opts *o, const struct bp_result *r, 
   fputs ("EOD\n", f);
 }
 
-static void
-bp_plot_tput_block (FILE *f, const struct bp_opts *o, const struct bp_result *r,
-                    char side, bool iops)
+/* The last whole second any iteration of r recorded (0: none lasted one). */
+static unsigned
+bp_plot_last_second (const struct bp_result *r)
 {
   unsigned maxsec = 0;
   for (unsigned k = 0; k < r->nts; k++)
     if (r->ts[k].sec > maxsec)
       maxsec = r->ts[k].sec;
+  return maxsec;
+}
+
+static void
+bp_plot_tput_block (FILE *f, const struct bp_opts *o, const struct bp_result *r,
+                    char side, bool iops)
+{
+  unsigned maxsec = bp_plot_last_second (r);
   double *x = malloc ((r->n ? r->n : 1) * sizeof *x);
   if (!x)
     bp_die ("out of memory");
@@ -185,10 +193,19 @@ bp_plot_script (FILE *f, const struct bp_opts *o, const struct bp_result *a,
   bp_plot_series (f, o, 'A', "lat", "#1f77b4", a, !b);
   if (b)
     bp_plot_series (f, o, 'B', "lat", "#d62728", b, true);
-  unsigned maxsec = 0;
-  for (unsigned k = 0; k < a->nts; k++)
-    if (a->ts[k].sec > maxsec)
-      maxsec = a->ts[k].sec;
+  unsigned maxsec = bp_plot_last_second (a);
+  if (b && bp_plot_last_second (b) > maxsec)
+    maxsec = bp_plot_last_second (b);
+  if (maxsec == 0) {
+    /* Rates are sampled once a second; iterations shorter than that (-n
+     * with few requests) leave no point, and gnuplot refuses an empty
+     * plot: say so in the panel instead. */
+    fputs ("unset logscale y\nunset key\nunset border\nunset xtics\nunset ytics\n"
+           "unset grid\nset xlabel ''\nset ylabel ''\nset xrange [0:1]\nset yrange [0:1]\n"
+           "set label 1 'no iteration lasted a whole second: no rate per second to draw' "
+           "at 0.5,0.5 center\nset title ''\nplot -1 notitle\nunset multiplot\n", f);
+    return;
+  }
   fprintf (f, "unset logscale y\nset xtics %u\nset format x '%%.0f'\nset yrange [0:*]\n",
            maxsec > 10 ? (maxsec + 9) / 10 : 1);
   fputs (

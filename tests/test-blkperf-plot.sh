@@ -111,6 +111,14 @@ grep -q "A (before): memory plugin" "$TMP/run.svg" || fail "--label not on the c
 rsvg-convert -o "$TMP/run.png" "$TMP/run.svg" || fail "the single-run SVG does not render"
 check_chart "$TMP/run.svg" "$TMP/run.png" A || fail "single-run chart incomplete"
 
+# Iterations shorter than a second (-n) sample no rate per second: the
+# chart is still drawn, its lower panel saying so (gnuplot refused the
+# empty plot before, and blkperf exited 1).
+"$BLKPERF" -t RAND_READ -b 4k -n 500 -i 2,2 --quiet --plot "$TMP/short.svg" "$A" >/dev/null \
+  2>"$TMP/short.err" || { cat "$TMP/short.err"; fail "--plot with sub-second iterations failed"; }
+grep -q "no iteration lasted a whole second" "$TMP/short.svg" || fail "short iterations: no note on the chart"
+rsvg-convert -o "$TMP/short.png" "$TMP/short.svg" || fail "the short-iteration SVG does not render"
+
 # No gnuplot on PATH: one line, status 1, before connecting anywhere.
 mkdir -p "$TMP/bin"
 for t in cat rm; do ln -sf "$(command -v $t)" "$TMP/bin/$t"; done
