@@ -3,7 +3,8 @@
 # connections copying data in and out, TLS with certificates and with a
 # wrong key, a filter stack, metrics scraped, block status, clients that
 # send garbage or hang up halfway through a write's payload, the engine's
-# other modes and its cache on a file, then SIGTERM.
+# other modes and its cache on a file, then SIGTERM.  blkperf runs under
+# memcheck too, against the first of them.
 # Memcheck must report no error (no invalid access, no uninitialised value
 # that decides a branch or reaches a syscall) and no definite or indirect
 # leak at exit, and no descriptor blkd opened may be left open.
@@ -68,6 +69,21 @@ for h in garbage-option half-write bad-magic read-beyond; do
   hostile "$h" || fail "hostile client $h could not run"
 done
 expect_eq "$(nbdinfo --size "$URI")" 67108864 "size after the hostile clients"
+# blkperf, the project's client, under memcheck too: its wire loop with
+# CPU and server metrics, repeated iterations with a chart, the libnbd
+# engine with a prefill, round trips, and the reply-batching wake-ups.
+blkperf_vg() {
+  valgrind --quiet --error-exitcode=99 --leak-check=full --show-leak-kinds=definite,indirect \
+    --errors-for-leak-kinds=definite,indirect "$TOP/blkperf" "$@" --quiet "$URI/" \
+    >"$TMP/blkperf.out" 2>"$TMP/blkperf.err" ||
+    { cat "$TMP/blkperf.err"; fail "blkperf $* under valgrind"; }
+  ok "blkperf $*: no memcheck error, no leak"
+}
+blkperf_vg -t RAND_RW -b 4k -q 8 -C 2 -l 1 -c -M "http://127.0.0.1:$METRICS_PORT/metrics"
+blkperf_vg -t RAND_READ -b 4k -n 2000 -i 3,2 --plot "$TMP/p.svg"
+blkperf_vg -t STREAM_READ --io libnbd -n 64 --prefill --span 8M
+blkperf_vg -t RR -n 500
+blkperf_vg -t RAND_READ -b 4k -n 2000 --wake-replies 4
 valgrind_stop "ram, 2 shards"
 
 echo "# TLS with certificates and PSK, a filter stack"
