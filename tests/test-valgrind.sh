@@ -74,7 +74,7 @@ expect_eq "$(nbdinfo --size "$URI")" 67108864 "size after the hostile clients"
 # engine with a prefill, round trips, and the reply-batching wake-ups.
 blkperf_vg() {
   valgrind --quiet --error-exitcode=99 --leak-check=full --show-leak-kinds=definite,indirect \
-    --errors-for-leak-kinds=definite,indirect "$TOP/blkperf" "$@" --quiet "$URI/" \
+    --errors-for-leak-kinds=definite,indirect "$TOP/blkperf" "$@" --quiet ${BP_URIS:-"$URI/"} \
     >"$TMP/blkperf.out" 2>"$TMP/blkperf.err" ||
     { cat "$TMP/blkperf.err"; fail "blkperf $* under valgrind"; }
   ok "blkperf $*: no memcheck error, no leak"
@@ -84,6 +84,7 @@ blkperf_vg -t RAND_READ -b 4k -n 2000 -i 3,2 --plot "$TMP/p.svg"
 blkperf_vg -t STREAM_READ --io libnbd -n 64 --prefill --span 8M
 blkperf_vg -t RR -n 500
 blkperf_vg -t RAND_READ -b 4k -n 2000 --wake-replies 4
+BP_URIS="$URI/ $URI/" blkperf_vg compare -t RAND_WRITE -b 4k -n 1000 -i 2,2
 valgrind_stop "ram, 2 shards"
 
 echo "# TLS with certificates and PSK, a filter stack"
@@ -103,6 +104,10 @@ cmp -n $((12 << 20)) "$TMP/in.img" "$TMP/out2.img" || fail "data read back over 
 nbdinfo "nbds://alice@127.0.0.1:$PORT/?tls-psk-file=$T/wrong.psk" >/dev/null 2>&1 &&
   fail "a wrong PSK was let in"
 nbdinfo "nbd://127.0.0.1:$PORT/" >/dev/null 2>&1 && fail "a plaintext client was let in"
+BP_URIS="nbds://127.0.0.1:$PORT/" blkperf_vg -t RAND_RW -b 4k -n 1000 -C 2 \
+  --tls-certificates "$T/client-ca"
+BP_URIS="nbds://127.0.0.1:$PORT/" blkperf_vg -t STREAM_WRITE -n 16 --tls-psk "$T/keys.psk" \
+  --tls-username alice
 valgrind_stop "TLS, blocksize and cache filters"
 
 echo "# rawio on a file over a Unix socket, the seeds' before switches and the cache"
