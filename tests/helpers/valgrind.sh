@@ -35,6 +35,7 @@ valgrind_stop() {
   done
   kill -0 "$SERVER_PID" 2>/dev/null && fail "$what: blkd under valgrind still running ${secs}s after SIGTERM"
   wait "$SERVER_PID" || rc=$?
+  [ -s "$log" ] || fail "$what: no memcheck log at $log (--track-fds always writes one)"
   if [ "$rc" != 0 ]; then
     cat "$log"; tail -20 "$TMP/server.log"
     fail "$what: blkd under valgrind exited $rc"
@@ -47,7 +48,8 @@ valgrind_stop() {
           infd && /<inherited from parent>/ { infd = 0; blk = ""; next }
           infd && /^==[0-9]+== ?$/ { print blk; infd = 0; next }
           infd { blk = blk "\n" $0; next }
-          !/^==[0-9]+== ?$/ { print }' "$log" | grep -q .; then
+          !/^==[0-9]+== ?$/ { print }
+          END { if (infd) print blk }' "$log" | grep -q .; then
     cat "$log"
     fail "$what: memcheck reported the above"
   fi
