@@ -127,7 +127,7 @@ for b in fio qemu-nbd nbdkit rbd ceph-mon ceph-osd; do
   command -v "$b" >/dev/null || { echo "bench/rbd.sh: $b is not installed" >&2; exit 1; }
 done
 [ -x "$BLKD" ] && [ -f "$SO" ] || { echo "bench/rbd.sh: build blkd and the rbd plugin first" >&2; exit 1; }
-fio --enghelp 2>/dev/null | grep -qx '[[:space:]]*rbd' || { echo "fio has no rbd engine" >&2; exit 1; }
+grep -qx '[[:space:]]*rbd' <<<"$(fio --enghelp 2>/dev/null)" || { echo "fio has no rbd engine" >&2; exit 1; }
 
 CLUSTER_CPUS=${CLUSTER_CPUS:-}
 GATEWAY_CPUS=${GATEWAY_CPUS:-}

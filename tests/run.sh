@@ -56,7 +56,7 @@ else
                        | grep -v '\.c$' | sort)
 fi
 
-is_serial() { [ -f "$1" ] && head -n 30 "$1" | grep -q '^# run.sh: serial'; }
+is_serial() { [ -f "$1" ] && grep -q '^# run.sh: serial' <<<"$(head -n 30 "$1")"; }
 
 # run_one TEST: the test with its log and sanitizer directory; exits with
 # the test's status, or 99 when a sanitizer reported anything.

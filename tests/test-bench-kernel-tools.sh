@@ -58,7 +58,7 @@ r=$(ctl start v1 blkd:alt memory size=16M)
 case $r in OK*) ;; *) fail "start variant: $r" ;; esac
 port=$(echo "$r" | awk '{print $2}')
 pid=$(ctl pid v1 | awk '{print $2}')
-tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "^$TOP/blkd .*--poll-us 0 --shards 1 memory" ||
+grep -q -- "^$TOP/blkd .*--poll-us 0 --shards 1 memory" <<<"$(tr '\0' ' ' <"/proc/$pid/cmdline")" ||
   fail "variant's command line: $(tr '\0' ' ' <"/proc/$pid/cmdline")"
 
 r=$(ctl trace v1 start "1-1-probe")

@@ -133,7 +133,7 @@ for s in "ab":
 EOF
 
 # --- blkd's real endpoint, once it serves one ---------------------------------
-if [ ${#SRV[@]} -eq 0 ] && "$BLKD" --help 2>/dev/null | grep -q -- "--metrics"; then
+if [ ${#SRV[@]} -eq 0 ] && grep -q -- "--metrics" <<<"$("$BLKD" --help 2>/dev/null)"; then
   start_server --metrics 127.0.0.1:0 "${MEM[@]}"
   mport=$METRICS_PORT
   if "$PY" -c 'import sys, urllib.request; sys.exit(0 if b"cpu_seconds_total" in urllib.request.urlopen(sys.argv[1], timeout=3).read() else 1)' \

@@ -130,7 +130,7 @@ run_json unix -t RAND_READ -l 1 "$URI"
 check_json "$TMP/unix.json" RAND_READ 'd["uri"].startswith("nbd+unix://")'
 
 # --- TLS, from options and from the URI -------------------------------------
-if [ ${#SRV[@]} -eq 0 ] || nbdkit --dump-config 2>/dev/null | grep -q '^tls=yes'; then
+if [ ${#SRV[@]} -eq 0 ] || grep -q '^tls=yes' <<<"$(nbdkit --dump-config 2>/dev/null)"; then
   printf 'alice:%s\n' "$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')" >"$TMP/keys.psk"
   start_server "${SRV[@]}" --tls=require --tls-psk="$TMP/keys.psk" "${MEM[@]}"
   run_json tls -t RAND_RW -l 1 --tls-psk "$TMP/keys.psk" --tls-username alice "$URI"

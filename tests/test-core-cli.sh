@@ -21,7 +21,7 @@ expect_startup_error() {
   rc=$?
   set -e
   [ $rc -eq 1 ] || fail "'$*' exited $rc, want 1 (output: $out)"
-  echo "$out" | grep -qi -- "$want" || fail "'$*': message does not say '$want': $out"
+  grep -qi -- "$want" <<<"$out" || fail "'$*': message does not say '$want': $out"
   [ "$(echo "$out" | wc -l)" -le 3 ] || fail "'$*': more than a few lines: $out"
   echo "ok: $* -> $out"
 }
@@ -35,7 +35,7 @@ PORT=$(wait_listen "$FIRST")
 set +e
 out=$("$BLKD" -f -i 127.0.0.1 -p "$PORT" memory 1M 2>&1); rc=$?
 set -e
-[ $rc -eq 1 ] && echo "$out" | grep -qi "in use" || fail "address in use: rc=$rc out=$out"
+[ $rc -eq 1 ] && grep -qi "in use" <<<"$out" || fail "address in use: rc=$rc out=$out"
 echo "ok: address in use -> $out"
 stop_server "$FIRST"
 
@@ -78,14 +78,14 @@ echo "ok: plugin loaded by path"
 
 echo "# --run: \$uri, \$port, \$unixsocket; exit status passes through"
 out=$("$BLKD" --run 'nbdinfo --size "$uri"; echo "unix=$unixsocket"' memory 3M 2>&1)
-echo "$out" | grep -qx 3145728 || fail "--run did not reach the export: $out"
-echo "$out" | grep -q "unix=/" || fail "--run without address should use a private Unix socket: $out"
+grep -qx 3145728 <<<"$out" || fail "--run did not reach the export: $out"
+grep -q "unix=/" <<<"$out" || fail "--run without address should use a private Unix socket: $out"
 set +e
 "$BLKD" --run 'exit 7' memory 1M; rc=$?
 set -e
 [ $rc -eq 7 ] || fail "--run exit status $rc, want 7"
 out=$("$BLKD" -i 127.0.0.1 -p 0 --run 'echo "port=$port uri=$uri"' memory 1M 2>&1)
-echo "$out" | grep -Eq "port=([1-9][0-9]*) uri=nbd://127.0.0.1:\1/" || fail "--run over TCP: $out"
+grep -Eq "port=([1-9][0-9]*) uri=nbd://127.0.0.1:\1/" <<<"$out" || fail "--run over TCP: $out"
 echo "ok: --run"
 
 echo "# background mode with a pidfile"
@@ -124,7 +124,7 @@ echo "ok: SIGTERM -> exit 0, socket removed"
 
 echo "# -e names the export LIST shows"
 start_server -e myexport memory 1M
-nbdinfo --list "$URI" | grep -q 'export="myexport"' || fail "-e not in nbdinfo --list"
+grep -q 'export="myexport"' <<<"$(nbdinfo --list "$URI")" || fail "-e not in nbdinfo --list"
 stop_server
 echo "ok: -e"
 

@@ -54,7 +54,7 @@ if command -v ss >/dev/null; then
   listeners=$(ss -Hltnp 2>/dev/null | grep "pid=$PID," || true)
   n=$(printf '%s\n' "$listeners" | grep -c . || true)
   [ "$n" = 1 ] || fail "blkd listens on $n TCP sockets, want only the activated one: $listeners"
-  echo "$listeners" | grep -q ":$PORT " || fail "blkd's listener is not the activated port: $listeners"
+  grep -q ":$PORT " <<<"$listeners" || fail "blkd's listener is not the activated port: $listeners"
 fi
 grep -qi 'socket activation\|LISTEN_FDS' "$TMP/server.log" &&
   echo "log: $(grep -i 'socket activation\|LISTEN_FDS' "$TMP/server.log" | head -n1)"

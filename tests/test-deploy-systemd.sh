@@ -50,7 +50,7 @@ for want in 'DynamicUser=yes' 'ProtectSystem=strict' 'NoNewPrivileges=yes' \
             'SystemCallFilter=@system-service'; do
   grep -qx "$want" "$units/blkd.service" || fail "blkd.service lacks '$want'"
 done
-if systemd-analyze security --help 2>&1 | grep -q -- '--offline'; then
+if grep -q -- '--offline' <<<"$(systemd-analyze security --help 2>&1)"; then
   sec=$(cd "$units" && systemd-analyze security --offline=true --threshold=20 blkd.service 2>&1) ||
     fail "exposure above 2.0: $(echo "$sec" | tail -n 3)"
   echo "$sec" | tail -n 1

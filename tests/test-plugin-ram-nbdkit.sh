@@ -13,7 +13,7 @@ SO=$TOP/plugins/ram/nbdkit-ram-plugin.so
 [ -f "$SO" ] || skip "$SO is not built (make plugins/ram/nbdkit-ram-plugin.so)"
 
 # --dump-plugin shows our own key, so we know nbdkit loaded this .so.
-nbdkit "$SO" --dump-plugin | grep -qx 'ram_chunk_size=65536' \
+grep -qx 'ram_chunk_size=65536' <<<"$(nbdkit "$SO" --dump-plugin)" \
   || fail "--dump-plugin lacks ram_chunk_size=65536"
 
 start_server "$PLUGIN_HOST" "$SO" size=64M

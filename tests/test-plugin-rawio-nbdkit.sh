@@ -12,7 +12,7 @@ $PY -c 'import nbd' 2>/dev/null || skip "python3-libnbd (module nbd) is not inst
 SO=$TOP/plugins/rawio/nbdkit-rawio-plugin.so
 [ -f "$SO" ] || skip "$SO is not built (make plugins/rawio/nbdkit-rawio-plugin.so)"
 
-nbdkit "$SO" --dump-plugin | grep -qx 'rawio_direct=yes' \
+grep -qx 'rawio_direct=yes' <<<"$(nbdkit "$SO" --dump-plugin)" \
   || fail "--dump-plugin lacks rawio_direct=yes"
 
 # map URI: nbdinfo --map as "offset length type" lines.
@@ -181,7 +181,7 @@ stop_server
 
 # readonly=true: flagged read-only, writes refused, file untouched.
 start_server "$PLUGIN_HOST" "$SO" file="$F" readonly=true
-nbdinfo --json "$URI" | grep -q '"is_read_only": true' || fail "readonly=true not read-only"
+grep -q '"is_read_only": true' <<<"$(nbdinfo --json "$URI")" || fail "readonly=true not read-only"
 if qemu-io -f raw -c 'write -P 0x01 0 4k' "$URI" >/dev/null 2>&1; then
   fail "write to readonly=true export succeeded"
 fi

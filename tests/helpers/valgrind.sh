@@ -9,7 +9,7 @@
 valgrind_wrap() {
   need valgrind
   [ "$(basename "$BLKD")" = nbdkit ] && skip "valgrind checks blkd's own memory (nbdkit is the reference server here)"
-  if ldd "$BLKD" 2>/dev/null | grep -q libasan; then
+  if grep -q libasan <<<"$(ldd "$BLKD" 2>/dev/null)"; then
     skip "blkd is built with AddressSanitizer (SANITIZE=1): it cannot run under valgrind"
   fi
   VALGRIND_BLKD=$BLKD
@@ -27,7 +27,7 @@ WRAP
 # valgrind_stop WHAT [SECONDS]: SIGTERM to $SERVER_PID, wait (memcheck's
 # leak search at exit takes a while), then read its verdict.
 valgrind_stop() {
-  local what=$1 secs=${2:-120} log=$TMP/vg.$SERVER_PID.log rc=0 i
+  local what=$1 secs=${2:-120} log=$TMP/vg.$SERVER_PID.log rc=0 i report
   kill -TERM "$SERVER_PID"
   for ((i = 0; i < secs * 10; i++)); do
     kill -0 "$SERVER_PID" 2>/dev/null || break
@@ -43,13 +43,16 @@ valgrind_stop() {
   # --quiet leaves only errors and leaks in the log, and --track-fds's
   # list of descriptors open at exit, of which only those blkd opened
   # count (what it inherited, the log's own among them, does not).
-  if awk '/FILE DESCRIPTORS: [0-9]+ open/ { next }
+  # Captured, not piped into `grep -q`: grep's early exit would kill awk
+  # with SIGPIPE and, under pipefail, read as a clean log.
+  report=$(awk '/FILE DESCRIPTORS: [0-9]+ open/ { next }
           /Open file descriptor/ { blk = $0; infd = 1; next }
           infd && /<inherited from parent>/ { infd = 0; blk = ""; next }
           infd && /^==[0-9]+== ?$/ { print blk; infd = 0; next }
           infd { blk = blk "\n" $0; next }
           !/^==[0-9]+== ?$/ { print }
-          END { if (infd) print blk }' "$log" | grep -q .; then
+          END { if (infd) print blk }' "$log")
+  if [ -n "$report" ]; then
     cat "$log"
     fail "$what: memcheck reported the above"
   fi

@@ -146,7 +146,7 @@ start_osd() {
 wait_osd_up() {
   local i
   for ((i = 0; i < STEP_TIMEOUT * 5; i++)); do
-    if ceph_ osd stat --format json 2>/dev/null | grep -q '"num_up_osds":1'; then return 0; fi
+    if grep -q '"num_up_osds":1' <<<"$(ceph_ osd stat --format json 2>/dev/null)"; then return 0; fi
     sleep 0.2
   done
   die "osd.0 is not up after ${STEP_TIMEOUT}s (see $DIR/log/osd.0.log)"

@@ -4,7 +4,7 @@
 . "$(dirname "$0")/lib-rbd.sh"
 need nbdcopy; need fio
 $PY -c 'import nbd' 2>/dev/null || skip "python3-libnbd (module nbd) is not installed"
-fio --enghelp 2>/dev/null | grep -qx '[[:space:]]*nbd' || skip "fio has no nbd engine"
+grep -qx '[[:space:]]*nbd' <<<"$(fio --enghelp 2>/dev/null)" || skip "fio has no nbd engine"
 cluster_up
 
 # img1 with the object map (block status), img2 without, one in a namespace.

@@ -77,7 +77,7 @@ check_aio_path 0
 # The cluster's own view agrees with what the clients read (first block).
 stop_server
 rbd_ export img1 "$TMP/img1.bin" >/dev/null 2>&1
-head -c 4096 "$TMP/img1.bin" | grep -aq '^0:' || fail "rbd export lost what the clients wrote"
+grep -aq '^0:' <<<"$(head -c 4096 "$TMP/img1.bin" | tr -d '\0')" || fail "rbd export lost what the clients wrote"
 
 # timeout=: with the OSD away, a request fails once the timeout has passed
 # instead of waiting (a never-read range, so no cache can answer it).

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# No shell script of the tests or benchmarks pipes a command into `grep -q`:
+# under pipefail (lib.sh sets it) grep's exit at the first match kills a
+# producer still writing with SIGPIPE, and the pipeline fails at random.
+# ldd, which writes a line at a time, lost that race about once in 300
+# runs: a sanitized build then looked unsanitized and a test took the wrong
+# branch.  Match against captured output instead: grep -q PAT <<<"$(cmd)".
+. "$(dirname "$0")/lib.sh"
+need git
+git -C "$TOP" rev-parse --git-dir >/dev/null 2>&1 || skip "not a git checkout (needs git ls-files)"
+scripts=()
+while IFS= read -r f; do
+  case "$f" in
+    *.sh|.ci/*) scripts+=("$f") ;;
+    *) [[ $(head -c 64 "$TOP/$f") == '#!'*sh* ]] && scripts+=("$f") ;;
+  esac
+done < <(git -C "$TOP" ls-files tests bench deploy .ci Makefile '*.mk')
+[ "${#scripts[@]}" -gt 50 ] || fail "only ${#scripts[@]} shell scripts found"
+# A single `|` (not `||`) then grep with -q among its options, on a line
+# that is not a comment.
+bad=$(cd "$TOP" && grep -nE '(^|[^|])\|[[:space:]]*grep([[:space:]]+-[^[:space:]]+)*[[:space:]]+-[a-zA-Z]*q' \
+        "${scripts[@]}" | grep -vE '^[^:]+:[0-9]+:[[:space:]]*#' || true)
+[ -z "$bad" ] || fail "piped into grep -q (use grep -q PAT <<<\"\$(cmd)\"):
+$bad"
+echo "${#scripts[@]} scripts: no pipeline ends in grep -q"
