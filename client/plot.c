@@ -73,10 +73,13 @@ bp_plot_str (FILE *f, const char *s)
   fputc ('\'', f);
 }
 
-static void
+/* The data blocks return their row count: a side without rows gets no
+ * series (gnuplot skips an empty one, but fails when every one is). */
+static unsigned
 bp_plot_lat_block (FILE *f, const struct bp_opts *o, const struct bp_result *r, char side)
 {
   double x[BP_MAX_ITER];
+  unsigned rows = 0;
   fprintf (f, "$%c_lat << EOD\n", side);
   for (int k = 0; k < BP_NQ; k++) {
     /* A percentile needs enough requests behind it to mean anything. */
@@ -93,8 +96,10 @@ bp_plot_lat_block (FILE *f, const struct bp_opts *o, const struct bp_result *r, 
     if (lo <= 0)
       lo = m / 10;               /* a log axis cannot show a bound at or below 0 */
     fprintf (f, "%.6f %.3f %.3f %.3f\n", -log10 (1 - bp_plot_q[k]), m, lo, hi);
+    rows++;
   }
   fputs ("EOD\n", f);
+  return rows;
 }
 
 /* The last whole second any iteration of r recorded (0: none lasted one). */
@@ -108,11 +113,11 @@ bp_plot_last_second (const struct bp_result *r)
   return maxsec;
 }
 
-static void
+static unsigned
 bp_plot_tput_block (FILE *f, const struct bp_opts *o, const struct bp_result *r,
                     char side, bool iops)
 {
-  unsigned maxsec = bp_plot_last_second (r);
+  unsigned maxsec = bp_plot_last_second (r), rows = 0;
   double *x = malloc ((r->n ? r->n : 1) * sizeof *x);
   if (!x)
     bp_die ("out of memory");
@@ -127,9 +132,11 @@ bp_plot_tput_block (FILE *f, const struct bp_opts *o, const struct bp_result *r,
     double m, lo, hi;
     bp_plot_ci (o, x, n, &m, &lo, &hi);
     fprintf (f, "%u %.3f %.3f %.3f\n", sec, m, lo, hi);
+    rows++;
   }
   fputs ("EOD\n", f);
   free (x);
+  return rows;
 }
 
 static void
@@ -146,6 +153,32 @@ bp_plot_series (FILE *f, const struct bp_opts *o, char side, const char *what,
   fputs (last ? "\n" : ", \\\n", f);
 }
 
+/* A panel with nothing to draw says why in words, then puts back what the
+ * next panel expects. */
+static void
+bp_plot_note (FILE *f, const char *why)
+{
+  fputs ("unset logscale y\nunset key\nunset border\nunset xtics\nunset ytics\n"
+         "unset grid\nset xlabel ''\nset ylabel ''\nset xrange [0:1]\nset yrange [0:1]\n"
+         "set label 1 ", f);
+  bp_plot_str (f, why);
+  fputs (" at 0.5,0.5 center\nplot -1 notitle\nunset label 1\nset autoscale x\n"
+         "set border 3\nset xtics nomirror\nset ytics nomirror\n"
+         "set grid xtics ytics mytics lc rgb '#d8d8d8'\n", f);
+}
+
+/* The plot command for the sides that have rows of WHAT. */
+static void
+bp_plot_sides (FILE *f, const struct bp_opts *o, const char *what, const struct bp_result *a,
+               unsigned a_rows, const struct bp_result *b, unsigned b_rows)
+{
+  fputs ("plot \\\n", f);
+  if (a_rows)
+    bp_plot_series (f, o, 'A', what, "#1f77b4", a, b_rows == 0);
+  if (b_rows)
+    bp_plot_series (f, o, 'B', what, "#d62728", b, true);
+}
+
 static void
 bp_plot_script (FILE *f, const struct bp_opts *o, const struct bp_result *a,
                 const struct bp_result *b)
@@ -156,11 +189,12 @@ bp_plot_script (FILE *f, const struct bp_opts *o, const struct bp_result *a,
          "background rgb 'white'\nset encoding utf8\nset output ", f);
   bp_plot_str (f, o->plot);
   fputc ('\n', f);
-  bp_plot_lat_block (f, o, a, 'A');
-  bp_plot_tput_block (f, o, a, 'A', iops);
+  unsigned a_lat = bp_plot_lat_block (f, o, a, 'A');
+  unsigned a_tput = bp_plot_tput_block (f, o, a, 'A', iops);
+  unsigned b_lat = 0, b_tput = 0;
   if (b) {
-    bp_plot_lat_block (f, o, b, 'B');
-    bp_plot_tput_block (f, o, b, 'B', iops);
+    b_lat = bp_plot_lat_block (f, o, b, 'B');
+    b_tput = bp_plot_tput_block (f, o, b, 'B', iops);
   }
   char head[256];
   snprintf (head, sizeof head, "blkperf %s%s: %llu-byte requests, queue depth %u, %u connection%s",
@@ -189,37 +223,35 @@ bp_plot_script (FILE *f, const struct bp_opts *o, const struct bp_result *a,
   char t1[320];
   snprintf (t1, sizeof t1, "Latency by percentile (%s)", band);
   bp_plot_str (f, t1);
-  fputs ("\nplot \\\n", f);
-  bp_plot_series (f, o, 'A', "lat", "#1f77b4", a, !b);
-  if (b)
-    bp_plot_series (f, o, 'B', "lat", "#d62728", b, true);
+  fputc ('\n', f);
+  if (a_lat + b_lat == 0)
+    /* Every percentile needs more requests behind it (-n 1). */
+    bp_plot_note (f, "too few requests for any percentile: no latency curve to draw");
+  else
+    bp_plot_sides (f, o, "lat", a, a_lat, b, b_lat);
+  char t2[320];
+  snprintf (t2, sizeof t2, "%s per second (%s)", iops ? "IOPS" : "Throughput", band);
+  fputs ("set title ", f);
+  bp_plot_str (f, t2);
+  fputc ('\n', f);
+  if (a_tput + b_tput == 0) {
+    /* Rates are sampled once a second; iterations shorter than that (-n
+     * with few requests) leave no point. */
+    bp_plot_note (f, "no iteration lasted a whole second: no rate per second to draw");
+    fputs ("unset multiplot\n", f);
+    return;
+  }
   unsigned maxsec = bp_plot_last_second (a);
   if (b && bp_plot_last_second (b) > maxsec)
     maxsec = bp_plot_last_second (b);
-  if (maxsec == 0) {
-    /* Rates are sampled once a second; iterations shorter than that (-n
-     * with few requests) leave no point, and gnuplot refuses an empty
-     * plot: say so in the panel instead. */
-    fputs ("unset logscale y\nunset key\nunset border\nunset xtics\nunset ytics\n"
-           "unset grid\nset xlabel ''\nset ylabel ''\nset xrange [0:1]\nset yrange [0:1]\n"
-           "set label 1 'no iteration lasted a whole second: no rate per second to draw' "
-           "at 0.5,0.5 center\nset title ''\nplot -1 notitle\nunset multiplot\n", f);
-    return;
-  }
   fprintf (f, "unset logscale y\nset xtics %u\nset format x '%%.0f'\nset yrange [0:*]\n",
            maxsec > 10 ? (maxsec + 9) / 10 : 1);
   fputs (
          "set xlabel 'seconds into the iteration'\nset ylabel ", f);
   bp_plot_str (f, iops ? "IOPS" : "MiB/s");
-  char t2[320];
-  snprintf (t2, sizeof t2, "%s per second (%s)", iops ? "IOPS" : "Throughput", band);
   /* Rates fill the panel's middle: the key goes under the axis. */
-  fputs ("\nset key below nobox noopaque\nset title ", f);
-  bp_plot_str (f, t2);
-  fputs ("\nplot \\\n", f);
-  bp_plot_series (f, o, 'A', "tput", "#1f77b4", a, !b);
-  if (b)
-    bp_plot_series (f, o, 'B', "tput", "#d62728", b, true);
+  fputs ("\nset key below nobox noopaque\n", f);
+  bp_plot_sides (f, o, "tput", a, a_tput, b, b_tput);
   fputs ("unset multiplot\n", f);
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # blkperf --plot: the chart has both panels with A and B in each, renders
 # to a PNG in which both series' colours are drawn, and a missing gnuplot
-# is one clear line before any measuring.
+# is one clear line before any measuring; a panel with nothing to draw (too
+# few requests, iterations under a second) says so and the chart is drawn.
 . "$(dirname "$0")/lib.sh"
 [ -x "$BLKPERF" ] || skip "blkperf is not built (make blkperf)"
 need nbdkit
@@ -114,10 +115,17 @@ check_chart "$TMP/run.svg" "$TMP/run.png" A || fail "single-run chart incomplete
 # Iterations shorter than a second (-n) sample no rate per second: the
 # chart is still drawn, its lower panel saying so (gnuplot refused the
 # empty plot before, and blkperf exited 1).
-"$BLKPERF" -t RAND_READ -b 4k -n 500 -i 2,2 --quiet --plot "$TMP/short.svg" "$A" >/dev/null \
+"$BLKPERF" -t RAND_READ -b 4k -n 50 -i 2,2 --quiet --plot "$TMP/short.svg" "$A" >/dev/null \
   2>"$TMP/short.err" || { cat "$TMP/short.err"; fail "--plot with sub-second iterations failed"; }
 grep -q "no iteration lasted a whole second" "$TMP/short.svg" || fail "short iterations: no note on the chart"
 rsvg-convert -o "$TMP/short.png" "$TMP/short.svg" || fail "the short-iteration SVG does not render"
+# One request: no percentile has enough behind it, so the latency panel
+# says so too (gnuplot refused the empty curve, and blkperf exited 1).
+"$BLKPERF" -t RAND_READ -b 4k -n 1 -i 1 --quiet --plot "$TMP/one.svg" "$A" >/dev/null \
+  2>"$TMP/one.err" || { cat "$TMP/one.err"; fail "--plot with one request failed"; }
+grep -q "too few requests for any percentile" "$TMP/one.svg" || fail "one request: no note on the chart"
+grep -q "Latency by percentile" "$TMP/one.svg" || fail "one request: the latency panel lost its title"
+rsvg-convert -o "$TMP/one.png" "$TMP/one.svg" || fail "the one-request SVG does not render"
 
 # No gnuplot on PATH: one line, status 1, before connecting anywhere.
 mkdir -p "$TMP/bin"
