@@ -14,12 +14,22 @@ while IFS= read -r f; do
     *.sh|.ci/*) scripts+=("$f") ;;
     *) [[ $(head -c 64 "$TOP/$f") == '#!'*sh* ]] && scripts+=("$f") ;;
   esac
-done < <(git -C "$TOP" ls-files tests bench deploy .ci Makefile '*.mk')
+done < <(git -C "$TOP" ls-files tests bench deploy .ci)
 [ "${#scripts[@]}" -gt 50 ] || fail "only ${#scripts[@]} shell scripts found"
-# A single `|` (not `||`) then grep with -q among its options, on a line
-# that is not a comment.
-bad=$(cd "$TOP" && grep -nE '(^|[^|])\|[[:space:]]*grep([[:space:]]+-[^[:space:]]+)*[[:space:]]+-[a-zA-Z]*q' \
-        "${scripts[@]}" | grep -vE '^[^:]+:[0-9]+:[[:space:]]*#' || true)
+# A single `|` or `|&` (not `||`), then grep (egrep, fgrep, `command
+# grep`) with -q, --quiet or --silent among its words, on a line that is
+# not a comment; a line ending in `|` or `\` is read with the next.
+bad=$(cd "$TOP" && awk '
+  FNR == 1 { buf = ""; start = 0 }
+  /^[[:space:]]*#/ && buf == "" { next }
+  {
+    if (buf == "") start = FNR
+    buf = buf " " $0
+    if ($0 ~ /(\||\\)[[:space:]]*$/) next
+    if (buf ~ /(^|[^|])\|&?[[:space:]]*(command[[:space:]]+)?[ef]?grep([[:space:]]+[^|;&]*)?[[:space:]](-[a-zA-Z]*q[a-zA-Z]*|--quiet|--silent)([[:space:]]|$)/)
+      print FILENAME ":" start ":" buf
+    buf = ""
+  }' "${scripts[@]}")
 [ -z "$bad" ] || fail "piped into grep -q (use grep -q PAT <<<\"\$(cmd)\"):
 $bad"
 echo "${#scripts[@]} scripts: no pipeline ends in grep -q"
