@@ -12,9 +12,23 @@ if [ -z "${NBDKIT_PLUGINDIR:-}" ]; then
 fi
 TMP=$(mktemp -d /tmp/blkd-test.XXXXXX)
 SERVER_PIDS=()
+# How long the wait_* helpers wait for a server to come up; a server under
+# valgrind (tests/helpers/valgrind.sh) gets longer.
+: "${START_TIMEOUT:=20}"
 
+# Files (glob patterns) a failing test prints before $TMP goes: helpers add
+# the logs that explain a failure the test itself did not get to read.
+SHOW_ON_FAILURE=()
+
+# cleanup [STATUS]: the EXIT trap; STATUS is the test's exit status when a
+# trap of the test's own calls it after commands of its own.
 cleanup() {
-  local pid
+  local rc=${1:-$?} pid pattern f
+  if [ "$rc" != 0 ] && [ "$rc" != 77 ]; then
+    for pattern in "${SHOW_ON_FAILURE[@]}"; do
+      for f in $pattern; do [ -s "$f" ] && { echo "--- $f"; cat "$f"; } >&2; done
+    done
+  fi
   for pid in "${SERVER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${SERVER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   rm -rf "$TMP"
@@ -52,7 +66,7 @@ listen_ports() {
 # wait_listen PID [SECONDS]: wait until PID listens on a TCP port; prints
 # its first port.  Fails at once if PID is gone.
 wait_listen() {
-  local pid=$1 secs=${2:-20} i port
+  local pid=$1 secs=${2:-$START_TIMEOUT} i port
   for ((i = 0; i < secs * 20; i++)); do
     port=$(listen_ports "$pid" | head -n1)
     if [ -n "$port" ]; then echo "$port"; return 0; fi
@@ -67,7 +81,7 @@ wait_listen() {
 # prints "serving PLUGIN on nbd://HOST:PORT/" and "metrics on
 # http://HOST:PORT/metrics" when it runs in the foreground.
 log_port() {
-  local file=$1 from=$2 re=$3 secs=${4:-20} i port
+  local file=$1 from=$2 re=$3 secs=${4:-$START_TIMEOUT} i port
   for ((i = 0; i < secs * 20; i++)); do
     port=$(tail -c +"$((from + 1))" "$file" 2>/dev/null | sed -nE "s|.*$re.*|\1|p" | head -n1)
     if [ -n "$port" ]; then echo "$port"; return 0; fi
@@ -96,7 +110,7 @@ while True: time.sleep(3600)' "$f" </dev/null >/dev/null 2>&1 &
 
 # wait_port PORT [SECONDS]: wait until something accepts on 127.0.0.1:PORT.
 wait_port() {
-  local port=$1 secs=${2:-20} i
+  local port=$1 secs=${2:-$START_TIMEOUT} i
   for ((i = 0; i < secs * 20; i++)); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
     sleep 0.05
@@ -105,7 +119,7 @@ wait_port() {
 }
 
 wait_socket() {
-  local path=$1 secs=${2:-20} i
+  local path=$1 secs=${2:-$START_TIMEOUT} i
   for ((i = 0; i < secs * 20; i++)); do [ -S "$path" ] && return 0; sleep 0.05; done
   fail "no socket at $path after ${secs}s"
 }
@@ -152,6 +166,17 @@ start_server_unix() {
 stop_server() {
   kill "${1:-$SERVER_PID}" 2>/dev/null || true
   wait "${1:-$SERVER_PID}" 2>/dev/null || true
+  forget_server "${1:-$SERVER_PID}"
+}
+
+# forget_server PID: PID has been waited for; cleanup must not signal it
+# again (by then the number may belong to another process).
+forget_server() {
+  local i
+  for i in "${!SERVER_PIDS[@]}"; do
+    [ "${SERVER_PIDS[$i]}" = "$1" ] && unset 'SERVER_PIDS[i]'
+  done
+  return 0
 }
 
 server_alive() { kill -0 "${1:-$SERVER_PID}" 2>/dev/null; }

@@ -22,7 +22,7 @@ attach_cleanup() {
   [ -n "$LOOP" ] && losetup -d "$LOOP" 2>/dev/null || true
   stop_qsd
 }
-trap 'attach_cleanup; cleanup' EXIT
+trap 'rc=$?; attach_cleanup; cleanup "$rc"' EXIT
 mkdir -p "$MNT"
 touch "$DISK"
 

@@ -37,7 +37,7 @@ ctr_cleanup() {
     if [ -n "${KEEP_CONTAINERS:-}" ]; then echo "kept container $c"; continue; fi
     "$PODMAN" rm -f -t 0 "$c" >/dev/null 2>&1 || true
   done
-  cleanup
+  cleanup "$rc"
 }
 trap ctr_cleanup EXIT
 

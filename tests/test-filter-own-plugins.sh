@@ -70,7 +70,9 @@ for host in "${hosts[@]}"; do
   qemu-io -f raw -c 'write -P 0x01 4097 1' -c 'read -P 0x01 4097 1' "$URI" >"$TMP/qio" \
     || fail "$host: rawio+blocksize: I/O"
   grep -q 'Pattern verification failed' "$TMP/qio" && fail "$host: rawio+blocksize: read back differs"
-  grep -vqE 'count=0x1000 ' <<<"$(grep -E ' (Read|Write) id' "$TMP/log.$host")" \
+  io=$(grep -E ' (Read|Write) id' "$TMP/log.$host" || true)
+  [ -n "$io" ] || fail "$host: rawio+blocksize: the log filter recorded no I/O"
+  grep -vqE 'count=0x1000 ' <<<"$io" \
     && fail "$host: rawio+blocksize: non-4K I/O below: $(cat "$TMP/log.$host")"
   ok "$host: rawio+blocksize: a 1-byte write is a 4K read-modify-write below"
   stop_server; SERVER_PID=

@@ -51,7 +51,7 @@ ctr_cleanup() {
     "$PODMAN" exec "$NAME" journalctl -u blkd.service -u blkd.socket --no-pager 2>&1 | tail -n 60
   fi
   "$PODMAN" rm -f -t 0 "$NAME" >/dev/null 2>&1 || true
-  cleanup
+  cleanup "$rc"
 }
 trap ctr_cleanup EXIT
 "$PODMAN" run -d --name "$NAME" --systemd=always -p 127.0.0.1::10809 -p 127.0.0.1::10810 \

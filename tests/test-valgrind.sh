@@ -18,7 +18,8 @@
 . "$(dirname "$0")/helpers/core.sh"
 . "$(dirname "$0")/helpers/tls.sh"
 . "$(dirname "$0")/helpers/valgrind.sh"
-need nbdcopy; need nbdinfo; need curl
+need nbdcopy; need nbdinfo; need curl; need gnuplot
+[ -x "$BLKPERF" ] || skip "blkperf is not built (make blkperf)"
 valgrind_wrap
 
 # A raw client that completes a fixed-newstyle handshake, then does
@@ -74,7 +75,7 @@ expect_eq "$(nbdinfo --size "$URI")" 67108864 "size after the hostile clients"
 # engine with a prefill, round trips, and the reply-batching wake-ups.
 blkperf_vg() {
   valgrind --quiet --error-exitcode=99 --leak-check=full --show-leak-kinds=definite,indirect \
-    --errors-for-leak-kinds=definite,indirect "$TOP/blkperf" "$@" --quiet ${BP_URIS:-"$URI/"} \
+    --errors-for-leak-kinds=definite,indirect "$BLKPERF" "$@" --quiet ${BP_URIS:-"$URI/"} \
     >"$TMP/blkperf.out" 2>"$TMP/blkperf.err" ||
     { cat "$TMP/blkperf.err"; fail "blkperf $* under valgrind"; }
   ok "blkperf $*: no memcheck error, no leak"

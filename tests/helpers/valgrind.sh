@@ -22,19 +22,25 @@ exec valgrind --quiet --log-file="$TMP/vg.%p.log" --error-exitcode=99 \\
   --track-origins=yes --num-callers=30 "$VALGRIND_BLKD" "\$@"
 WRAP
   chmod +x "$BLKD"
+  # memcheck starts blkd (OpenSSL, librbd) many times slower; and the log of
+  # a blkd that died mid-test holds the stack trace the test never read.
+  START_TIMEOUT=120
+  SHOW_ON_FAILURE+=("$TMP/vg.*.log")
 }
 
 # valgrind_stop WHAT [SECONDS]: SIGTERM to $SERVER_PID, wait (memcheck's
 # leak search at exit takes a while), then read its verdict.
 valgrind_stop() {
   local what=$1 secs=${2:-120} log=$TMP/vg.$SERVER_PID.log rc=0 i report
-  kill -TERM "$SERVER_PID"
+  # Already gone (a crash): wait below reports how it ended.
+  kill -TERM "$SERVER_PID" 2>/dev/null || true
   for ((i = 0; i < secs * 10; i++)); do
     kill -0 "$SERVER_PID" 2>/dev/null || break
     sleep 0.1
   done
   kill -0 "$SERVER_PID" 2>/dev/null && fail "$what: blkd under valgrind still running ${secs}s after SIGTERM"
   wait "$SERVER_PID" || rc=$?
+  forget_server "$SERVER_PID"
   [ -s "$log" ] || fail "$what: no memcheck log at $log (--track-fds always writes one)"
   if [ "$rc" != 0 ]; then
     cat "$log"; tail -20 "$TMP/server.log"
@@ -46,7 +52,7 @@ valgrind_stop() {
   # Captured, not piped into `grep -q`: grep's early exit would kill awk
   # with SIGPIPE and, under pipefail, read as a clean log.
   report=$(awk '/FILE DESCRIPTORS: [0-9]+ open/ { next }
-          /Open file descriptor/ { blk = $0; infd = 1; next }
+          /Open (file descriptor|AF_[A-Z0-9]+ socket)/ { blk = $0; infd = 1; next }
           infd && /<inherited from parent>/ { infd = 0; blk = ""; next }
           infd && /^==[0-9]+== ?$/ { print blk; infd = 0; next }
           infd { blk = blk "\n" $0; next }

@@ -14,12 +14,12 @@ need nbdinfo
 
 # The cluster goes down after the servers (its clients) and before $TMP.
 rbd_cleanup() {
-  local pid
+  local rc=${1:-$?} pid
   for pid in "${SERVER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${SERVER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   SERVER_PIDS=()
   [ -d "$TMP/ceph" ] && "$CLUSTER" stop "$TMP/ceph"
-  cleanup
+  cleanup "$rc"
 }
 trap rbd_cleanup EXIT
 

@@ -16,8 +16,9 @@ PODMAN=$TOP/deploy/podman.sh
 "$PODMAN" image exists "$IMAGE" || fail "no image $IMAGE: run 'make container' first"
 NAME=blkd-rbd-test-$$
 ctr_cleanup() {
+  local rc=$?
   "$PODMAN" rm -f -t 0 "$NAME" >/dev/null 2>&1 || true
-  rbd_cleanup
+  rbd_cleanup "$rc"
 }
 trap ctr_cleanup EXIT
 
