@@ -24,7 +24,7 @@ run_fio() {
   local name=$1; shift
   if ! fio --name="$name" --ioengine=nbd --uri="$URI" --numjobs=4 --iodepth=16 --group_reporting --verify_state_save=0 \
          --output-format=json --output="$TMP/$name.json" "$@" >"$TMP/$name.log" 2>&1; then
-    cat "$TMP/$name.log"; cat "$TMP/$name.json" 2>/dev/null | head -50
+    cat "$TMP/$name.log"; head -n 50 "$TMP/$name.json" 2>/dev/null || true
     fail "fio $name failed"
   fi
   expect_eq "$(jq '[.jobs[].error] | add' "$TMP/$name.json")" 0 "fio $name job errors"
