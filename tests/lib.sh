@@ -24,13 +24,14 @@ SHOW_ON_FAILURE=()
 # trap of the test's own calls it after commands of its own.
 cleanup() {
   local rc=${1:-$?} pid pattern f
+  for pid in "${SERVER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${SERVER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  # After the servers have ended: their last words are in the logs too.
   if [ "$rc" != 0 ] && [ "$rc" != 77 ]; then
     for pattern in "${SHOW_ON_FAILURE[@]}"; do
       for f in $pattern; do [ -s "$f" ] && { echo "--- $f"; cat "$f"; } >&2; done
     done
   fi
-  for pid in "${SERVER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${SERVER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   rm -rf "$TMP"
 }
 trap cleanup EXIT

@@ -12,21 +12,25 @@ scripts=()
 while IFS= read -r f; do
   case "$f" in
     *.sh|.ci/*) scripts+=("$f") ;;
-    *) [[ $(head -c 64 "$TOP/$f") == '#!'*sh* ]] && scripts+=("$f") ;;
+    *) [[ $(head -n 1 "$TOP/$f") == '#!'*sh ]] && scripts+=("$f") ;;
   esac
 done < <(git -C "$TOP" ls-files tests bench deploy .ci)
 [ "${#scripts[@]}" -gt 50 ] || fail "only ${#scripts[@]} shell scripts found"
-# A single `|` or `|&` (not `||`), then grep (egrep, fgrep, `command
-# grep`) with -q, --quiet or --silent among its words, on a line that is
-# not a comment; a line ending in `|` or `\` is read with the next.
+# A single `|` or `|&` (not `||`), then grep (egrep, fgrep; behind an
+# assignment, `command`, `timeout N` ...) with -q, --quiet or --silent
+# among its words, on a line that is not a comment (a trailing comment
+# without quotes in it is dropped); a line ending in `|` or `\` is read
+# with the next.  Not seen: a `|` inside a quoted grep pattern ahead of -q.
 bad=$(cd "$TOP" && awk '
   FNR == 1 { buf = ""; start = 0 }
   /^[[:space:]]*#/ && buf == "" { next }
   {
+    line = $0
+    sub(/[[:space:]]#[^"'\'']*$/, "", line)
     if (buf == "") start = FNR
-    buf = buf " " $0
-    if ($0 ~ /(\||\\)[[:space:]]*$/) next
-    if (buf ~ /(^|[^|])\|&?[[:space:]]*(command[[:space:]]+)?[ef]?grep([[:space:]]+[^|;&]*)?[[:space:]](-[a-zA-Z]*q[a-zA-Z]*|--quiet|--silent)([[:space:]]|$)/)
+    buf = buf " " line
+    if (line ~ /(\||\\)[[:space:]]*$/) next
+    if (buf ~ /(^|[^|])\|&?[^|;&]*(^|[[:space:]\\])[ef]?grep([[:space:]]+[^|;&]*)?[[:space:]](-[a-zA-Z0-9]*q[^[:space:]]*|--quiet|--silent)([[:space:]]|$)/)
       print FILENAME ":" start ":" buf
     buf = ""
   }' "${scripts[@]}")

@@ -29,7 +29,7 @@ STOP_TIMEOUT=20
 CONTAINERS=()
 
 ctr_cleanup() {
-  local rc=$? c
+  local rc=${1:-$?} c
   for c in "${CONTAINERS[@]}"; do
     if [ "$rc" != 0 ] && [ "$rc" != 77 ]; then
       echo "--- logs of $c:"; "$PODMAN" logs "$c" 2>&1 | tail -n 30
@@ -213,7 +213,7 @@ open(f"{out}/init.cmd", "w").write(init["command"][-1])
 PYEOF
 data=$TOP/build/container/test-data-$$      # not /tmp: O_DIRECT needs a real filesystem
 rm -rf "$data"; mkdir -p "$data"; chown 10809:10809 "$data"
-trap 'rm -rf "$data"; ctr_cleanup' EXIT
+trap 'rc=$?; rm -rf "$data"; ctr_cleanup "$rc"' EXIT
 k8s_run=(--read-only --tmpfs /tmp --cap-drop=ALL --security-opt=no-new-privileges
          --env-file "$TMP/k8s.env" -v "$data:/data")
 "$PODMAN" run --rm --no-healthcheck "${k8s_run[@]}" --entrypoint /bin/bash "$IMAGE" \

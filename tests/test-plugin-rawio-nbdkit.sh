@@ -160,7 +160,7 @@ EOF
 
 # --- 1. buffered, on tmpfs (falls back to $TMP if /dev/shm is missing) ---
 shmdir=/dev/shm; [ -d "$shmdir" ] && [ -w "$shmdir" ] || shmdir=$TMP
-F=$(mktemp "$shmdir/blkd-rawio.XXXXXX"); trap 'rm -f "$F" "${D:-}"; cleanup' EXIT
+F=$(mktemp "$shmdir/blkd-rawio.XXXXXX"); trap 'rc=$?; rm -f "$F" "${D:-}"; cleanup "$rc"' EXIT
 truncate -s 64M "$F"
 start_server "$PLUGIN_HOST" "$SO" "$F"
 check_flags "$URI" rw
