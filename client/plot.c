@@ -153,6 +153,11 @@ bp_plot_series (FILE *f, const struct bp_opts *o, char side, const char *what,
   fputs (last ? "\n" : ", \\\n", f);
 }
 
+/* The axes every panel starts from: set before the first, and put back
+ * after a note. */
+#define BP_PLOT_AXES "set grid xtics ytics mytics lc rgb '#d8d8d8'\n" \
+                     "set border 3\nset xtics nomirror\nset ytics nomirror\n"
+
 /* A panel with nothing to draw says why in words, then puts back what the
  * next panel expects. */
 static void
@@ -163,8 +168,7 @@ bp_plot_note (FILE *f, const char *why)
          "set label 1 ", f);
   bp_plot_str (f, why);
   fputs (" at 0.5,0.5 center\nplot -1 notitle\nunset label 1\nset autoscale x\n"
-         "set border 3\nset xtics nomirror\nset ytics nomirror\n"
-         "set grid xtics ytics mytics lc rgb '#d8d8d8'\n", f);
+         BP_PLOT_AXES, f);
 }
 
 /* The plot command for the sides that have rows of WHAT. */
@@ -209,12 +213,11 @@ bp_plot_script (FILE *f, const struct bp_opts *o, const struct bp_result *a,
               iters, b ? " per side" : "", o->ci_level);
   else
     snprintf (band, sizeof band, "one iteration: no interval (use -i)");
-  fputs ("set grid xtics ytics mytics lc rgb '#d8d8d8'\n"
+  fputs (BP_PLOT_AXES
          /* The curve rises to the right: its top left is empty. */
          "set key top left inside opaque box lc rgb '#bbbbbb'\n"
          "set format y '%g'\n"
          "set style fill transparent solid 0.22 noborder\n"
-         "set border 3\nset xtics nomirror\nset ytics nomirror\n"
          "set xlabel 'percentile'\nset ylabel 'latency, µs (log scale)'\n"
          "set logscale y\n"
          "set xtics ('1' 0.00436, '25' 0.1249, '50' 0.30103, '75' 0.60206, '90' 1, "

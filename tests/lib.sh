@@ -23,9 +23,8 @@ SHOW_ON_FAILURE=()
 # cleanup [STATUS]: the EXIT trap; STATUS is the test's exit status when a
 # trap of the test's own calls it after commands of its own.
 cleanup() {
-  local rc=${1:-$?} pid pattern f
-  for pid in "${SERVER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${SERVER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  local rc=${1:-$?} pattern f
+  stop_servers
   # After the servers have ended: their last words are in the logs too.
   if [ "$rc" != 0 ] && [ "$rc" != 77 ]; then
     for pattern in "${SHOW_ON_FAILURE[@]}"; do
@@ -35,6 +34,19 @@ cleanup() {
   rm -rf "$TMP"
 }
 trap cleanup EXIT
+
+# stop_servers: SIGTERM to every server the test started, then wait for all.
+stop_servers() {
+  local pid
+  for pid in "${SERVER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${SERVER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  SERVER_PIDS=()
+}
+
+# built_with_asan FILE: FILE links AddressSanitizer (a SANITIZE=1 build).
+# Matched on ldd's captured output: piped into grep -q, ldd (a line a
+# write) could die of SIGPIPE and, under pipefail, read as "no".
+built_with_asan() { grep -q libasan <<<"$(ldd "$1" 2>/dev/null)"; }
 
 skip() { echo "skipped: $*"; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }

@@ -77,7 +77,7 @@ sd sh -c 'mkdir -p /var/lib/private/blkd && chmod 0700 /var/lib/private &&
 # A SANITIZE=1 build: LeakSanitizer cannot stop the world inside the
 # hardened unit's sandbox (it exits 1 at every exit); leaks are checked in
 # blkd-own.service below, which has no sandbox, and ASan and UBSan stay on.
-if grep -q libasan <<<"$(ldd "$BLKD")"; then
+if built_with_asan "$BLKD"; then
   echo "sanitized blkd: LeakSanitizer off in blkd.service (a drop-in), on in blkd-own.service"
   printf '[Service]\nEnvironment=ASAN_OPTIONS=detect_leaks=0\n' |
     timeout 60 "$PODMAN" exec -i "$NAME" sh -c 'mkdir -p /etc/systemd/system/blkd.service.d &&

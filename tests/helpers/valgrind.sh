@@ -9,7 +9,7 @@
 valgrind_wrap() {
   need valgrind
   [ "$(basename "$BLKD")" = nbdkit ] && skip "valgrind checks blkd's own memory (nbdkit is the reference server here)"
-  if grep -q libasan <<<"$(ldd "$BLKD" 2>/dev/null)"; then
+  if built_with_asan "$BLKD"; then
     skip "blkd is built with AddressSanitizer (SANITIZE=1): it cannot run under valgrind"
   fi
   VALGRIND_BLKD=$BLKD

@@ -14,10 +14,8 @@ need nbdinfo
 
 # The cluster goes down after the servers (its clients) and before $TMP.
 rbd_cleanup() {
-  local rc=${1:-$?} pid
-  for pid in "${SERVER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${SERVER_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  SERVER_PIDS=()
+  local rc=${1:-$?}
+  stop_servers
   [ -d "$TMP/ceph" ] && "$CLUSTER" stop "$TMP/ceph"
   cleanup "$rc"
 }
